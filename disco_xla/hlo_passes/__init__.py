@@ -1,0 +1,1 @@
+"""The IR (HloModuleProto I/O and the graph view) and the rewrite passes over it."""

@@ -1,0 +1,522 @@
+"""The IR: a parsed HloModuleProto plus a graph view over it, built once.
+
+`HloModule` owns the proto. Its graph view (computations, instructions, operands,
+users, control predecessors, called computations) is built and validated when the
+module is constructed, so every later stage reads one shared, checked object and
+nothing re-parses. Opcodes the view does not model are kept as they are: they take
+part in the graph like any other instruction and count zero FLOPs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+
+from google.protobuf.message import DecodeError
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo_passes import hlo_schema
+from disco_xla.hlo_passes.shapes import Shape, shape_from_proto
+
+# Instructions whose called computations run as program code (not as reducers).
+CONTROL_FLOW_OPCODES = frozenset(
+    {"call", "while", "conditional", "async-start", "async-update", "async-done", "custom-call"}
+)
+ALL_REDUCE_OPCODES = frozenset({"all-reduce", "all-reduce-start"})
+# One FLOP per output element.
+ELEMENTWISE_OPCODES = frozenset(
+    """abs add atan2 and cbrt ceil clamp compare cosine divide erf exponential
+    exponential-minus-one floor imag is-finite log log-plus-one logistic maximum minimum
+    multiply negate not or popcnt power real remainder round-nearest-afz round-nearest-even
+    rsqrt select shift-left shift-right-arithmetic shift-right-logical sign sine sqrt
+    subtract tan tanh xor count-leading-zeros stochastic-convert""".split()
+)
+# Substrings of `metadata.op_name` that mark backward-pass (gradient) code:
+# JAX autodiff names it `transpose(jvp(...))`, TF's GradientTape `gradient_tape/`,
+# and our own all-reduce insertion pass marks what it adds with `disco_xla.gradient`.
+BACKWARD_MARKS = ("transpose(", "gradient_tape/", "disco_xla.gradient")
+_REDUCTION_BY_ROOT = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "product"}
+
+
+class Instruction:
+    """One HLO instruction, linked to its operands, users and called computations."""
+
+    __slots__ = (
+        "proto",
+        "name",
+        "opcode",
+        "id",
+        "computation",
+        "shape",
+        "operands",
+        "users",
+        "control_predecessors",
+        "called_computations",
+    )
+
+    def __init__(self, proto, computation: Computation):
+        self.proto = proto
+        self.name: str = proto.name
+        self.opcode: str = proto.opcode
+        self.id: int = proto.id
+        self.computation = computation
+        self.shape: Shape = shape_from_proto(proto.shape)
+        self.operands: list[Instruction] = []
+        self.users: list[Instruction] = []
+        self.control_predecessors: list[Instruction] = []
+        self.called_computations: list[Computation] = []
+
+    @property
+    def op_name(self) -> str:
+        """The framework-level name XLA kept in `metadata.op_name` ('' if none)."""
+        return self.proto.metadata.op_name
+
+    @property
+    def output_bytes(self) -> int:
+        return self.shape.bytes
+
+    @property
+    def operand_bytes(self) -> int:
+        return sum(op.shape.bytes for op in self.operands)
+
+    @property
+    def flops(self) -> int:
+        """Estimated floating-point operations of this instruction alone."""
+        return estimate_flops(self)
+
+    def __repr__(self) -> str:
+        return f"<{self.opcode} {self.name}: {self.shape}>"
+
+
+class Computation:
+    """An HLO computation: its instructions in proto order, and its root."""
+
+    def __init__(self, proto, module: HloModule):
+        self.proto = proto
+        self.module = module
+        self.name: str = proto.name
+        self.id: int = proto.id
+        self.instructions: list[Instruction] = [Instruction(p, self) for p in proto.instructions]
+        self.by_name: dict[str, Instruction] = {i.name: i for i in self.instructions}
+        self.callers: list[Instruction] = []
+        self.root: Instruction | None = None
+
+    @property
+    def role(self) -> str:
+        """'entry', 'program' (reached by call/while/...), 'fusion', or 'applied'
+        (a reducer or comparator passed as `to_apply`)."""
+        if self is self.module.entry:
+            return "entry"
+        if self.proto.is_fusion_computation or any(c.opcode == "fusion" for c in self.callers):
+            return "fusion"
+        if not self.callers or any(c.opcode in CONTROL_FLOW_OPCODES for c in self.callers):
+            return "program"
+        return "applied"
+
+    @cached_property
+    def topological_order(self) -> list[Instruction]:
+        """Instructions with every operand and control predecessor before its users.
+        Ties follow proto order, so the order is deterministic."""
+        order: list[Instruction] = []
+        state: dict[int, int] = {}  # id(instr) -> 1 while on the stack, 2 when placed
+        for start in self.instructions:
+            if id(start) in state:
+                continue
+            stack = [(start, iter(start.operands + start.control_predecessors))]
+            state[id(start)] = 1
+            while stack:
+                node, pending = stack[-1]
+                for dep in pending:
+                    mark = state.get(id(dep))
+                    if mark is None:
+                        state[id(dep)] = 1
+                        stack.append((dep, iter(dep.operands + dep.control_predecessors)))
+                        break
+                    if mark == 1:
+                        raise DiscoInputError(
+                            self.module.source,
+                            f"computation {self.name!r} has a cycle through {dep.name!r}",
+                        )
+                else:
+                    stack.pop()
+                    state[id(node)] = 2
+                    order.append(node)
+        return order
+
+    def __repr__(self) -> str:
+        return f"<computation {self.name}: {len(self.instructions)} instructions>"
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """What the IR knows about one all-reduce instruction."""
+
+    name: str
+    computation: str
+    shape: str
+    bytes: int
+    tensors: int  # operands reduced together (1 unless variadic)
+    reduction: str  # 'sum', 'max', 'min', 'product' or the reducer's root opcode
+    group_size: int | None  # devices per replica group; None means all devices
+    scope: str  # 'replica' (no channel), 'partition', or 'global' device ids
+    is_gradient: bool
+
+
+class HloModule:
+    """A parsed HloModuleProto with its graph view.
+
+    `source` names where it came from (a path, or '<jax:fn>'), for error messages;
+    `file_format` is how it was stored ('pb', 'txt', 'pb.gz', 'txt.gz', 'memory').
+    """
+
+    def __init__(self, proto, source: str = "<memory>", file_format: str = "memory"):
+        self.proto = proto
+        self.source = source
+        self.file_format = file_format
+        self.name: str = proto.name
+        if not proto.computations:
+            raise DiscoInputError(source, "not an HloModuleProto: it has no computations")
+        self.computations: list[Computation] = [Computation(c, self) for c in proto.computations]
+        self.entry: Computation = self._find_entry()
+        self._link()
+        self._check_calls_acyclic()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "<memory>", file_format: str = "pb"):
+        """Parse serialized HloModuleProto bytes; corrupt data raises DiscoInputError."""
+        proto = hlo_schema.HloModuleProto()
+        try:
+            proto.ParseFromString(data)
+        except (DecodeError, RuntimeError, ValueError) as error:
+            detail = str(error) or "the data is truncated or corrupt"
+            raise DiscoInputError(source, f"not a valid HloModuleProto ({detail})") from None
+        return cls(proto, source, file_format)
+
+    def to_bytes(self) -> bytes:
+        """Serialize deterministically; fields we do not model are kept."""
+        return self.proto.SerializeToString(deterministic=True)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A stable hash of the module's content (sha256 of its serialization)."""
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    # -- lookup -------------------------------------------------------------
+    def computation(self, name: str) -> Computation:
+        return self._computation_by_name[name]
+
+    def instructions(self):
+        """Every instruction of every computation, in proto order."""
+        for computation in self.computations:
+            yield from computation.instructions
+
+    @property
+    def instruction_count(self) -> int:
+        return sum(len(c.instructions) for c in self.computations)
+
+    # -- construction -------------------------------------------------------
+    def _find_entry(self) -> Computation:
+        self._computation_by_id: dict[int, Computation] = {}
+        self._computation_by_name: dict[str, Computation] = {}
+        for computation in self.computations:
+            if not computation.instructions:
+                raise DiscoInputError(
+                    self.source, f"computation {computation.name!r} has no instructions"
+                )
+            if computation.id in self._computation_by_id:
+                raise DiscoInputError(self.source, f"duplicate computation id {computation.id}")
+            self._computation_by_id[computation.id] = computation
+            self._computation_by_name[computation.name] = computation
+        entry = self._computation_by_id.get(self.proto.entry_computation_id)
+        if entry is None or (
+            self.proto.entry_computation_name and entry.name != self.proto.entry_computation_name
+        ):
+            entry = self._computation_by_name.get(self.proto.entry_computation_name)
+        if entry is None:
+            raise DiscoInputError(
+                self.source,
+                "the entry computation "
+                f"({self.proto.entry_computation_name or self.proto.entry_computation_id!r}) "
+                "is not in the module",
+            )
+        return entry
+
+    def _link(self) -> None:
+        for computation in self.computations:
+            by_id: dict[int, Instruction] = {}
+            for instr in computation.instructions:
+                if not instr.opcode:
+                    raise DiscoInputError(self.source, f"instruction {instr.name!r} has no opcode")
+                if instr.id in by_id:
+                    raise DiscoInputError(
+                        self.source,
+                        f"computation {computation.name!r} has two instructions with id {instr.id}",
+                    )
+                by_id[instr.id] = instr
+            for instr in computation.instructions:
+                proto = instr.proto
+                instr.operands = [
+                    self._resolve(by_id, i, instr, "operand") for i in proto.operand_ids
+                ]
+                instr.control_predecessors = [
+                    self._resolve(by_id, i, instr, "control predecessor")
+                    for i in proto.control_predecessor_ids
+                ]
+                for operand in instr.operands:
+                    operand.users.append(instr)
+                for called_id in proto.called_computation_ids:
+                    called = self._computation_by_id.get(called_id)
+                    if called is None:
+                        raise DiscoInputError(
+                            self.source,
+                            f"instruction {instr.name!r} calls unknown computation id {called_id}",
+                        )
+                    instr.called_computations.append(called)
+                    called.callers.append(instr)
+            computation.root = by_id.get(computation.proto.root_id)
+            if computation.root is None:
+                raise DiscoInputError(
+                    self.source,
+                    f"computation {computation.name!r} has no root instruction "
+                    f"(root id {computation.proto.root_id})",
+                )
+
+    def _check_calls_acyclic(self) -> None:
+        state: dict[int, int] = {}
+        for start in self.computations:
+            if start.id in state:
+                continue
+            state[start.id] = 1
+            stack = [(start, iter([c for i in start.instructions for c in i.called_computations]))]
+            while stack:
+                computation, pending = stack[-1]
+                for called in pending:
+                    mark = state.get(called.id)
+                    if mark == 1:
+                        raise DiscoInputError(
+                            self.source, f"computation {called.name!r} calls itself (a call cycle)"
+                        )
+                    if mark is None:
+                        state[called.id] = 1
+                        callees = [c for i in called.instructions for c in i.called_computations]
+                        stack.append((called, iter(callees)))
+                        break
+                else:
+                    stack.pop()
+                    state[computation.id] = 2
+
+    def _resolve(self, by_id: dict[int, Instruction], target: int, user: Instruction, what: str):
+        found = by_id.get(target)
+        if found is None:
+            raise DiscoInputError(
+                self.source,
+                f"instruction {user.name!r} in {user.computation.name!r} refers to unknown "
+                f"{what} id {target}",
+            )
+        return found
+
+    # -- analyses -----------------------------------------------------------
+    @cached_property
+    def all_reduces(self) -> list[AllReduce]:
+        """Every all-reduce, with which ones reduce gradients.
+
+        A gradient all-reduce is a cross-device sum of a tensor computed in the
+        backward pass. An instruction is backward if its `op_name` carries a
+        backward mark (BACKWARD_MARKS) or one of its operands is backward; the
+        result of an all-reduce is not (it has already been reduced). If the module
+        has no marks at all (hand-written HLO), every cross-device sum of a
+        non-scalar is taken to be a gradient.
+        """
+        backward: set[int] = set()
+        marked_any = False
+        for computation in self.computations:
+            if computation.role in ("fusion", "applied"):
+                continue
+            for instr in computation.topological_order:
+                if instr.opcode in ALL_REDUCE_OPCODES:
+                    continue
+                if any(mark in instr.op_name for mark in BACKWARD_MARKS):
+                    marked_any = True
+                    backward.add(id(instr))
+                elif any(id(op) in backward for op in instr.operands):
+                    backward.add(id(instr))
+        found = []
+        for computation in self.computations:
+            for instr in computation.instructions:
+                if instr.opcode not in ALL_REDUCE_OPCODES:
+                    continue
+                reduction = _reduction_kind(instr)
+                group_size, _ = _replica_groups(instr.proto)
+                cross_device = group_size is None or group_size > 1
+                is_sum = reduction == "sum" and cross_device
+                if marked_any:
+                    from_backward = any(id(op) in backward for op in instr.operands) or (
+                        "disco_xla.gradient" in instr.op_name
+                    )
+                    is_gradient = is_sum and from_backward
+                else:
+                    is_gradient = is_sum and any(leaf.dims for leaf in instr.shape.leaves())
+                found.append(
+                    AllReduce(
+                        name=instr.name,
+                        computation=computation.name,
+                        shape=str(instr.shape),
+                        bytes=instr.shape.bytes,
+                        tensors=len(instr.operands),
+                        reduction=reduction,
+                        group_size=group_size,
+                        scope=_collective_scope(instr.proto),
+                        is_gradient=is_gradient,
+                    )
+                )
+        return found
+
+    @property
+    def gradient_all_reduces(self) -> list[AllReduce]:
+        return [a for a in self.all_reduces if a.is_gradient]
+
+    @cached_property
+    def total_flops(self) -> int:
+        """FLOPs of one run of the program: entry and program computations (loop
+        bodies counted once); a fusion counts its fused computation; reducers passed
+        as `to_apply` are counted by the instruction that applies them."""
+        return sum(
+            instr.flops
+            for computation in self.computations
+            if computation.role in ("entry", "program")
+            for instr in computation.instructions
+        )
+
+    def opcode_histogram(self) -> Counter:
+        return Counter(instr.opcode for instr in self.instructions())
+
+    def device_counts(self) -> dict[str, int]:
+        """num_replicas and num_partitions. A module proto carries no config, so
+        they come from the device assignment when present, else from the shardings
+        and the collectives' device groups."""
+        assignment = self.proto.device_assignment
+        if assignment.replica_count or assignment.computation_count:
+            return {
+                "num_replicas": max(1, assignment.replica_count),
+                "num_partitions": max(1, assignment.computation_count),
+            }
+        partitions = 1
+        replica_devices = partition_devices = global_devices = 1
+        for instr in self.instructions():
+            proto = instr.proto
+            if proto.HasField("sharding"):
+                partitions = max(partitions, _sharding_devices(proto.sharding))
+            if instr.opcode in ALL_REDUCE_OPCODES or instr.opcode in (
+                "all-gather",
+                "reduce-scatter",
+                "all-to-all",
+            ):
+                _, devices = _replica_groups(proto)
+                scope = _collective_scope(proto)
+                if scope == "replica":
+                    replica_devices = max(replica_devices, devices or 1)
+                elif scope == "partition":
+                    partition_devices = max(partition_devices, devices or 1)
+                else:
+                    global_devices = max(global_devices, devices or 1)
+        partitions = max(partitions, partition_devices)
+        replicas = replica_devices
+        if global_devices > partitions * replicas:
+            if partitions > 1:
+                replicas = max(replicas, global_devices // partitions)
+            else:
+                partitions = global_devices
+        return {"num_replicas": replicas, "num_partitions": partitions}
+
+    def __repr__(self) -> str:
+        return f"<HloModule {self.name}: {len(self.computations)} computations>"
+
+
+def _reduction_kind(instr: Instruction) -> str:
+    if not instr.called_computations:
+        return "unknown"
+    root = instr.called_computations[0].root
+    return _REDUCTION_BY_ROOT.get(root.opcode, root.opcode)
+
+
+def _collective_scope(proto) -> str:
+    if not proto.channel_id:
+        return "replica"
+    return "global" if proto.use_global_device_ids else "partition"
+
+
+def _replica_groups(proto) -> tuple[int | None, int | None]:
+    """(devices per group, highest device id + 1) of a collective; (None, None)
+    when the groups are empty, which means all devices in one group."""
+    groups = None
+    iota = None
+    device_list = proto.collective_device_list
+    if device_list.replica_groups:
+        groups = device_list.replica_groups
+    elif device_list.iota_replica_group_list.num_devices_per_group:
+        iota = device_list.iota_replica_group_list
+    elif proto.replica_groups:
+        groups = proto.replica_groups
+    elif proto.iota_collective_device_list.num_devices_per_group:
+        iota = proto.iota_collective_device_list
+    if iota is not None:
+        per_group = iota.num_devices_per_group
+        return per_group, max(1, iota.num_replica_groups) * per_group
+    if not groups:
+        return None, None
+    ids = [list(g.replica_ids) for g in groups]
+    largest = max((max(g) for g in ids if g), default=0)
+    return max(len(g) for g in ids), largest + 1
+
+
+def _sharding_devices(sharding) -> int:
+    if sharding.tuple_shardings:
+        return max(_sharding_devices(s) for s in sharding.tuple_shardings)
+    if sharding.type == 3:  # OTHER: tiled over devices
+        if sharding.tile_assignment_devices:
+            return len(sharding.tile_assignment_devices)
+        return math.prod(max(d, 1) for d in sharding.tile_assignment_dimensions)
+    return 1
+
+
+def estimate_flops(instr: Instruction) -> int:
+    """A FLOP estimate by opcode: dot 2·M·N·K, convolution 2·out·window·in-features,
+    elementwise one per output element, reductions one per input element, fusion the
+    sum of its fused computation. Data movement and unknown opcodes count zero."""
+    opcode = instr.opcode
+    if opcode in ELEMENTWISE_OPCODES:
+        return instr.shape.elements
+    if opcode == "dot":
+        numbers = instr.proto.dot_dimension_numbers
+        lhs = instr.operands[0].shape.dims if instr.operands else ()
+        contracted = math.prod(
+            max(lhs[d], 0) for d in numbers.lhs_contracting_dimensions if 0 <= d < len(lhs)
+        )
+        return 2 * instr.shape.elements * contracted
+    if opcode == "convolution":
+        if len(instr.operands) < 2:
+            return 0
+        kernel = instr.operands[1].shape.dims
+        numbers = instr.proto.convolution_dimension_numbers
+        window = math.prod(
+            max(kernel[d], 0) for d in numbers.kernel_spatial_dimensions if 0 <= d < len(kernel)
+        )
+        in_dim = numbers.kernel_input_feature_dimension
+        in_features = max(kernel[in_dim], 0) if 0 <= in_dim < len(kernel) else 1
+        return 2 * instr.shape.elements * window * in_features
+    if opcode in ("reduce", "all-reduce", "all-reduce-start", "reduce-scatter"):
+        inputs = (
+            instr.operands[: max(1, len(instr.operands) // 2)]
+            if opcode == "reduce"
+            else instr.operands
+        )
+        return sum(op.shape.elements for op in inputs)
+    if opcode == "reduce-window":
+        window = math.prod(max(d.size, 1) for d in instr.proto.window.dimensions)
+        return instr.shape.elements * window
+    if opcode == "fusion":
+        return sum(i.flops for c in instr.called_computations for i in c.instructions)
+    return 0

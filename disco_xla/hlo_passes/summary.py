@@ -1,0 +1,78 @@
+"""What `disco-xla inspect` reports about a module, as one plain dict."""
+
+from __future__ import annotations
+
+from disco_xla.hlo_passes.graph import HloModule
+
+# Instructions that only name or group values; they move no data of their own.
+_STRUCTURAL_OPCODES = frozenset(
+    {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "call"}
+)
+
+
+def summarize(module: HloModule, largest: int = 5) -> dict:
+    """Counts, all-reduces, FLOPs and bytes of a module.
+
+    `bytes` estimates memory traffic: operands read plus results written, over
+    the instructions that run as program code (loop bodies once).
+    """
+    all_reduces = module.all_reduces
+    gradients = [a for a in all_reduces if a.is_gradient]
+    program = [
+        instr
+        for computation in module.computations
+        if computation.role in ("entry", "program")
+        for instr in computation.instructions
+        if instr.opcode not in _STRUCTURAL_OPCODES
+    ]
+    histogram = module.opcode_histogram()
+    return {
+        "file": module.source,
+        "format": module.file_format,
+        "module": module.name,
+        "fingerprint": module.fingerprint,
+        "computations": len(module.computations),
+        "instructions": module.instruction_count,
+        "opcodes": dict(sorted(histogram.items(), key=lambda item: (-item[1], item[0]))),
+        "all_reduces": len(all_reduces),
+        "all_reduce_bytes": sum(a.bytes for a in all_reduces),
+        "gradient_all_reduces": len(gradients),
+        "gradient_all_reduce_bytes": sum(a.bytes for a in gradients),
+        "largest_all_reduces": [
+            {"name": a.name, "shape": a.shape, "bytes": a.bytes, "gradient": a.is_gradient}
+            for a in sorted(all_reduces, key=lambda a: (-a.bytes, a.name))[:largest]
+        ],
+        "flops": module.total_flops,
+        "bytes": sum(i.output_bytes + i.operand_bytes for i in program),
+        **module.device_counts(),
+    }
+
+
+def format_summary(summary: dict) -> str:
+    """The human-readable form of `summarize`'s result."""
+    lines = [
+        f"module        {summary['module']}  ({summary['format']}: {summary['file']})",
+        f"computations  {summary['computations']}",
+        f"instructions  {summary['instructions']}",
+        f"devices       {summary['num_replicas']} replica(s) x "
+        f"{summary['num_partitions']} partition(s)",
+        f"flops         {_si(summary['flops'])}FLOP",
+        f"bytes         {_si(summary['bytes'])}B accessed (estimate)",
+        f"all-reduces   {summary['all_reduces']}, {_si(summary['all_reduce_bytes'])}B "
+        f"({summary['gradient_all_reduces']} gradient, "
+        f"{_si(summary['gradient_all_reduce_bytes'])}B)",
+    ]
+    for entry in summary["largest_all_reduces"]:
+        kind = "gradient" if entry["gradient"] else "other"
+        lines.append(f"  {entry['name']:<24} {entry['shape']:<24} {_si(entry['bytes'])}B  {kind}")
+    opcodes = ", ".join(f"{op} {count}" for op, count in summary["opcodes"].items())
+    lines.append(f"opcodes       {opcodes}")
+    return "\n".join(lines)
+
+
+def _si(value: float) -> str:
+    for unit in ("", "K", "M", "G", "T", "P"):
+        if abs(value) < 1000:
+            return f"{value:.4g} {unit}"
+        value /= 1000
+    return f"{value:.4g} E"
