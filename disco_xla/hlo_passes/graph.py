@@ -186,14 +186,23 @@ class HloModule:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<memory>", file_format: str = "pb"):
-        """Parse serialized HloModuleProto bytes; corrupt data raises DiscoInputError."""
-        proto = hlo_schema.HloModuleProto()
+        """Parse a serialized HloModuleProto, or the HloProto wrapper around one that
+        XLA's `--xla_dump_hlo_as_proto` writes. Corrupt data raises DiscoInputError."""
         try:
-            proto.ParseFromString(data)
+            proto = hlo_schema.HloModuleProto.FromString(data)
         except (DecodeError, RuntimeError, ValueError) as error:
-            detail = str(error) or "the data is truncated or corrupt"
-            raise DiscoInputError(source, f"not a valid HloModuleProto ({detail})") from None
-        return cls(proto, source, file_format)
+            proto = _module_inside_wrapper(data)
+            if proto is None:
+                detail = str(error) or "the data is truncated or corrupt"
+                raise DiscoInputError(source, f"not a valid HloModuleProto ({detail})") from None
+            return cls(proto, source, file_format)
+        try:
+            return cls(proto, source, file_format)
+        except DiscoInputError:
+            wrapped = _module_inside_wrapper(data)
+            if wrapped is None:
+                raise
+            return cls(wrapped, source, file_format)
 
     def to_bytes(self) -> bytes:
         """Serialize deterministically; fields we do not model are kept."""
@@ -433,6 +442,17 @@ class HloModule:
 
     def __repr__(self) -> str:
         return f"<HloModule {self.name}: {len(self.computations)} computations>"
+
+
+def _module_inside_wrapper(data: bytes):
+    """The HloModuleProto inside an HloProto, or None if `data` is not one."""
+    try:
+        wrapper = hlo_schema.HloProto.FromString(data)
+    except (DecodeError, RuntimeError, ValueError):
+        return None
+    if wrapper.HasField("hlo_module") and wrapper.hlo_module.computations:
+        return wrapper.hlo_module
+    return None
 
 
 def _reduction_kind(instr: Instruction) -> str:

@@ -136,11 +136,14 @@ def _choose_from_dump(directory: str, module_name: str | None) -> str:
         n for n in names if _strip_compression(n).endswith(_TEXT_EXTENSIONS + _PROTO_EXTENSIONS)
     ]
     if module_name:
-        candidates = [n for n in readable if module_name in n]
-        wanted = f"a module file whose name contains {module_name!r}"
+        matching = [n for n in readable if n == module_name] or [
+            n for n in readable if module_name in n
+        ]
+        candidates = [n for n in matching if "before_optimizations" in n] or matching
+        wanted = f"module file whose name contains {module_name!r}"
     else:
         candidates = [n for n in readable if "before_optimizations" in n]
-        wanted = "a *before_optimizations* module file"
+        wanted = "*before_optimizations* module file"
     if not candidates:
         raise DiscoInputError(directory, f"no {wanted} in this directory")
     by_module: dict[str, str] = {}

@@ -18,6 +18,8 @@ _PACKAGE = "disco_xla.hlo"
 
 # (name, number, type, repeated). type is a scalar type name or a message name.
 _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
+    # The wrapper XLA writes for `--xla_dump_hlo_as_proto` (with buffer assignment).
+    "HloProto": [("hlo_module", 1, "HloModuleProto", False)],
     "HloModuleProto": [
         ("name", 1, "string", False),
         ("entry_computation_name", 2, "string", False),
@@ -176,6 +178,7 @@ def _build_classes() -> dict[str, type]:
 
 _CLASSES = _build_classes()
 
+HloProto = _CLASSES["HloProto"]
 HloModuleProto = _CLASSES["HloModuleProto"]
 HloComputationProto = _CLASSES["HloComputationProto"]
 HloInstructionProto = _CLASSES["HloInstructionProto"]

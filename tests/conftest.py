@@ -1,0 +1,111 @@
+"""Shared fixtures: real modules captured live from JAX and TensorFlow.
+
+JAX gets 4 CPU devices before anything touches its backend.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+jax.config.update("jax_num_cpu_devices", 4)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """Run the installed `disco-xla` command the way a user would."""
+    command = os.path.join(os.path.dirname(sys.executable), "disco-xla")
+    return subprocess.run(
+        [command, *args], capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT
+    )
+
+
+def _pmap_training_step():
+    from disco_xla.demo import build_step
+
+    step, args, parameter_tensors = build_step()
+    return step, args, parameter_tensors
+
+
+def _shard_map_step():
+    import jax.numpy as jnp
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(jax.devices(), ("data",))
+
+    def step(w, x):
+        grad = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+        return w - 0.1 * grad
+
+    fn = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=P()))
+    return fn, (jnp.ones((8, 4)), jnp.ones((16, 8)))
+
+
+def _conv_dot_sort():
+    import jax.numpy as jnp
+
+    def f(images, kernel, w):
+        y = jax.lax.conv_general_dilated(images, kernel, (1, 1), "VALID")  # NCHW, OIHW
+        flat = y.reshape(y.shape[0], -1)
+        return jnp.sort(flat @ w, axis=-1)
+
+    args = (jnp.ones((2, 3, 10, 10)), jnp.ones((5, 3, 3, 3)), jnp.ones((5 * 8 * 8, 7)))
+    return jax.jit(f), args
+
+
+def _tf_train_step():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import tensorflow as tf
+
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)]
+    )
+
+    @tf.function(jit_compile=True)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        updated = [v - 0.1 * g for v, g in zip(model.trainable_variables, grads, strict=True)]
+        return loss, grads, updated
+
+    return train_step, (tf.ones((5, 8)), tf.ones((5, 4))), len(model.trainable_variables)
+
+
+@pytest.fixture(scope="session")
+def captured():
+    """name -> (raw serialized bytes from the framework, function, args)."""
+    modules = {}
+    step, args, _ = _pmap_training_step()
+    modules["jax_pmap_step"] = (_lower(step, args), step, args)
+    fn, args = _shard_map_step()
+    modules["jax_shard_map_step"] = (_lower(fn, args), fn, args)
+    fn, args = _conv_dot_sort()
+    modules["jax_conv_dot_sort"] = (_lower(fn, args), fn, args)
+    fn, args, _ = _tf_train_step()
+    raw = fn.experimental_get_compiler_ir(*args)(stage="hlo_serialized")
+    modules["tf_train_step"] = (raw, fn, args)
+    return modules
+
+
+def _lower(fn, args) -> bytes:
+    return fn.lower(*args).compiler_ir("hlo").as_serialized_hlo_module_proto()
+
+
+@pytest.fixture(scope="session")
+def module_files(captured, tmp_path_factory):
+    """Each captured module written as a .pb file: name -> path."""
+    directory = tmp_path_factory.mktemp("captured")
+    paths = {}
+    for name, (raw, _, _) in captured.items():
+        path = directory / f"{name}.hlo.pb"
+        path.write_bytes(raw)
+        paths[name] = str(path)
+    return paths
