@@ -210,8 +210,15 @@ class HloModule:
 
     @cached_property
     def fingerprint(self) -> str:
-        """A stable hash of the module's content (sha256 of its serialization)."""
-        return hashlib.sha256(self.to_bytes()).hexdigest()
+        """A hash of the module's content, equal across processes and runs: the
+        sha256 of its serialization without the module `id`, which XLA draws from
+        a per-process counter."""
+        module_id = self.proto.id
+        self.proto.id = 0
+        try:
+            return hashlib.sha256(self.to_bytes()).hexdigest()
+        finally:
+            self.proto.id = module_id
 
     # -- lookup -------------------------------------------------------------
     def computation(self, name: str) -> Computation:

@@ -24,6 +24,7 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("name", 1, "string", False),
         ("entry_computation_name", 2, "string", False),
         ("computations", 3, "HloComputationProto", True),
+        ("host_program_shape", 4, "ProgramShapeProto", False),
         ("id", 5, "int64", False),
         ("entry_computation_id", 6, "int64", False),
         ("device_assignment", 15, "DeviceAssignmentProto", False),
@@ -31,6 +32,7 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
     "HloComputationProto": [
         ("name", 1, "string", False),
         ("instructions", 2, "HloInstructionProto", True),
+        ("program_shape", 4, "ProgramShapeProto", False),
         ("id", 5, "int64", False),
         ("root_id", 6, "int64", False),
         ("is_fusion_computation", 7, "bool", False),
@@ -74,6 +76,11 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("tuple_shapes", 4, "ShapeProto", True),
         ("layout", 5, "LayoutProto", False),
         ("is_dynamic_dimension", 6, "bool", True),
+    ],
+    "ProgramShapeProto": [
+        ("parameters", 1, "ShapeProto", True),
+        ("result", 2, "ShapeProto", False),
+        ("parameter_names", 3, "string", True),
     ],
     "LayoutProto": [("minor_to_major", 1, "int64", True)],
     "OpMetadata": [

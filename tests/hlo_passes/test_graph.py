@@ -46,7 +46,12 @@ def test_pmap_step_has_one_gradient_all_reduce_per_parameter_tensor(captured):
     module = module_of(captured, "jax_pmap_step")
     gradients = module.gradient_all_reduces
     assert len(gradients) == 4  # hidden_w, hidden_b, output_w, output_b
-    assert sorted(g.shape for g in gradients) == ["f32[10]", "f32[256,10]", "f32[256]", "f32[64,256]"]
+    assert sorted(g.shape for g in gradients) == [
+        "f32[10]",
+        "f32[256,10]",
+        "f32[256]",
+        "f32[64,256]",
+    ]
     assert {g.bytes for g in gradients} == {64 * 256 * 4, 256 * 4, 256 * 10 * 4, 10 * 4}
     assert all(g.group_size == 4 and g.scope == "global" for g in gradients)
     # The loss pmean is an all-reduce too, but not of a gradient.

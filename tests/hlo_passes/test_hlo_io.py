@@ -36,6 +36,7 @@ def test_text_keeps_the_backward_marks_that_find_gradients(module_files, tmp_pat
     assert "transpose(jvp" in text
     again = module_from_text(text)
     assert len(again.gradient_all_reduces) == 4
+
     # XLA renumbers its stack-frame tables when printing, so compare what they
     # describe: the same instructions with the same framework names.
     def names(m):
@@ -104,7 +105,11 @@ def test_a_directory_without_modules_is_refused(tmp_path):
         (b"\x1f\x8b\x08\x00garbage", "broken.pb.gz", "corrupt gzip"),
         (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00", "picture.pb", "HloModuleProto"),
         (b'{"not": "hlo"}', "data.json", "not an HLO module"),
-        (b"HloModule broken\n\nENTRY main {\n  ROOT x = f32[] add(", "broken.txt", "does not parse"),
+        (
+            b"HloModule broken\n\nENTRY main {\n  ROOT x = f32[] add(",
+            "broken.txt",
+            "does not parse",
+        ),
         (b"just some words\n", "notes.txt", "does not begin with 'HloModule'"),
     ],
 )

@@ -1,0 +1,107 @@
+"""The `disco-xla` command as a user runs it: inspect, convert, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+REQUIRED_KEYS = {"instructions", "computations", "all_reduces", "all_reduce_bytes", "flops"}
+
+
+def test_inspect_json_reports_the_pmap_step(module_files):
+    result = run_cli("inspect", module_files["jax_pmap_step"], "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert REQUIRED_KEYS <= summary.keys()
+    assert summary["all_reduces"] == 5 and summary["gradient_all_reduces"] == 4
+    assert summary["gradient_all_reduce_bytes"] == (64 * 256 + 256 + 256 * 10 + 10) * 4
+    assert summary["num_partitions"] == 4 and summary["num_replicas"] == 1
+    assert summary["opcodes"]["all-reduce"] == 5
+    assert summary["flops"] > 2 * 32 * 64 * 256  # at least the first layer's forward dot
+    assert summary["format"] == "pb"
+
+
+def test_inspect_prints_a_readable_summary(module_files):
+    result = run_cli("inspect", module_files["tf_train_step"])
+    assert result.returncode == 0, result.stderr
+    assert "instructions" in result.stdout and "all-reduces   0" in result.stdout
+    assert "dot 3" in result.stdout or "dot " in result.stdout
+
+
+def test_convert_between_formats_keeps_the_module(module_files, tmp_path):
+    text = tmp_path / "step.txt"
+    packed = tmp_path / "step.pb.gz"
+    assert run_cli("convert", module_files["jax_pmap_step"], str(text)).returncode == 0
+    assert text.read_text().startswith("HloModule")
+    assert run_cli("convert", str(text), str(packed)).returncode == 0
+    summaries = [
+        json.loads(run_cli("inspect", str(path), "--json").stdout)
+        for path in (module_files["jax_pmap_step"], text, packed)
+    ]
+    assert [s["format"] for s in summaries] == ["pb", "txt", "pb.gz"]
+    for key in ("instructions", "computations", "all_reduces", "gradient_all_reduces", "flops"):
+        assert len({s[key] for s in summaries}) == 1, key
+
+
+BAD_INPUTS = {
+    "truncated.pb": None,  # filled from a real module below
+    "empty.pb": b"",
+    "wrong_type.pb": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10",
+    "notes.md": b"# a markdown file\n\nnot a module\n",
+    "bad.txt": b"HloModule m\n\nENTRY main {\n  ROOT p = f32[2] parameter(0\n}\n",
+    "aborts_xla.hlo": b"HloModule m\n\nENTRY main {\n  p = f32[5,4] parameter(0)\n"
+    b"  ROOT r = f32[3,4] reshape(p)\n}\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS) + ["missing.pb"])
+def test_bad_input_gives_one_line_naming_the_file_and_exit_2(module_files, tmp_path, name):
+    path = tmp_path / name
+    if name == "truncated.pb":
+        data = open(module_files["jax_pmap_step"], "rb").read()
+        path.write_bytes(data[: len(data) * 2 // 3])
+    elif name != "missing.pb":
+        path.write_bytes(BAD_INPUTS[name])
+    result = run_cli("inspect", str(path))
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("disco-xla: error: ") and str(path) in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    path = tmp_path / "empty.pb"
+    path.write_bytes(b"")
+    result = run_cli("inspect", str(path), "--verbose")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr and "the file is empty" in result.stderr
+
+
+def test_convert_to_an_unknown_format_exits_2(module_files, tmp_path):
+    result = run_cli("convert", module_files["tf_train_step"], str(tmp_path / "out.json"))
+    assert result.returncode == 2
+    assert "unknown output format" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_demo_captures_inspects_and_finds_every_gradient(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "disco_xla.demo"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "4 gradient all-reduces found for 4 parameter tensors (as expected)" in result.stdout
+    assert (tmp_path / "build" / "demo" / "mlp_step.hlo.pb").exists()
