@@ -122,3 +122,39 @@ def test_dangling_operand_ids_are_refused(captured):
     next(i for i in module.instructions() if i.operands).proto.operand_ids.append(123456789)
     with pytest.raises(DiscoInputError, match="unknown operand id 123456789"):
         HloModule(module.proto, "dangling.pb")
+
+
+def test_while_and_conditional_bodies_are_program_code_counted_once():
+    import jax
+    import jax.numpy as jnp
+
+    from disco_xla import capture_jax
+
+    def f(x, flag):
+        looped = jax.lax.fori_loop(0, 3, lambda i, v: jnp.tanh(v @ v), x)
+        return jax.lax.cond(flag, lambda v: v * 2.0, lambda v: v - 1.0, looped)
+
+    module = capture_jax(f, jnp.ones((4, 4)), True)
+    (loop,) = [i for i in module.instructions() if i.opcode == "while"]
+    (branch,) = [i for i in module.instructions() if i.opcode == "conditional"]
+    assert len(loop.called_computations) == 2 and len(branch.called_computations) == 2
+    for called in loop.called_computations + branch.called_computations:
+        assert called.role == "program"
+    # The loop body's dot is counted once (its trip count is not known statically).
+    assert module.total_flops >= 2 * 4 * 4 * 4
+
+
+def test_control_predecessors_are_linked_and_ordered():
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+
+    module = module_from_text(
+        "HloModule m\n\nENTRY main {\n"
+        "  p = f32[4] parameter(0)\n"
+        "  late = f32[4] negate(p)\n"
+        "  early = f32[4] exponential(p), control-predecessors={late}\n"
+        "  ROOT t = (f32[4], f32[4]) tuple(late, early)\n}\n"
+    )
+    early, late = module.entry.by_name["early"], module.entry.by_name["late"]
+    assert early.control_predecessors == [late]
+    order = [i.name for i in module.entry.topological_order]
+    assert order.index("late") < order.index("early")
