@@ -1,18 +1,14 @@
 """disco-xla: joint op-fusion and all-reduce bucketing for data-parallel XLA training."""
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="disco-xla",
     version="0.1.0",
     description="Joint op-fusion and all-reduce bucketing for data-parallel XLA programs (DisCo).",
     python_requires=">=3.11",
-    packages=[
-        "disco_xla",
-        "disco_xla.hlo_passes",
-        "disco_xla.simulator",
-        "disco_xla.search",
-    ],
+    # disco_xla and its subpackages: hlo_passes, simulator, search, runtime, zoo.
+    packages=find_packages(include=["disco_xla", "disco_xla.*"]),
     install_requires=[
         "jax==0.10.2",
         "jaxlib==0.10.2",

@@ -35,6 +35,45 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _capture(args: argparse.Namespace) -> int:
+    from disco_xla.zoo import ZOO, zoo_entry
+
+    if args.list:
+        for entry in ZOO:
+            print(f"{entry.framework:<4} {entry.name:<18} {entry.description}")
+        return 0
+    if not args.model or not args.output:
+        raise DiscoInputError("capture", "--model and -o/--output are required (or --list)")
+    try:
+        zoo_entry(args.model, args.framework)
+    except KeyError:
+        names = sorted(e.name for e in ZOO if e.framework == args.framework)
+        raise DiscoInputError(
+            args.model, f"no {args.framework} model of this name; choose from {', '.join(names)}"
+        ) from None
+    if args.replicas < 1 or (args.batch is not None and args.batch % args.replicas):
+        raise DiscoInputError(
+            args.model, f"the batch {args.batch} must split evenly over {args.replicas} replicas"
+        )
+    import jax
+
+    # The capture runs on this many host CPU devices; no GPU, weights or data needed.
+    jax.config.update("jax_num_cpu_devices", args.replicas)
+    from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.zoo import capture_model
+
+    module, parameter_tensors = capture_model(
+        args.model, args.framework, args.replicas, args.size, args.batch, args.mode
+    )
+    save_module(module, args.output)
+    print(
+        f"wrote {args.output}: {args.framework} {args.model} ({args.size}), "
+        f"{module.instruction_count} instructions, {len(module.gradient_all_reduces)} gradient "
+        f"all-reduces for {parameter_tensors} parameter tensors"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--verbose", action="store_true", help="show a traceback on errors")
@@ -64,6 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--module", help="in a dump directory, the module whose file name contains this"
     )
     convert.set_defaults(run=_convert)
+
+    capture = commands.add_parser(
+        "capture", parents=[common], help="capture a zoo model's data-parallel training step"
+    )
+    capture.add_argument("--list", action="store_true", help="list the models")
+    capture.add_argument("--model", help="a name from --list")
+    capture.add_argument("--framework", choices=["jax", "tf"], default="jax")
+    capture.add_argument("--replicas", type=int, default=2, help="data-parallel devices")
+    capture.add_argument("--size", choices=["tiny", "full"], default="tiny")
+    capture.add_argument("--batch", type=int, help="global batch (default 2 per replica)")
+    capture.add_argument(
+        "--mode", choices=["pmap", "shard_map"], default="pmap", help="JAX: pmap or jit+shard_map"
+    )
+    capture.add_argument("-o", "--output", help="where to write the module (.pb, .txt, ...)")
+    capture.set_defaults(run=_capture)
     return parser
 
 

@@ -179,10 +179,45 @@ class HloModule:
         self.name: str = proto.name
         if not proto.computations:
             raise DiscoInputError(source, "not an HloModuleProto: it has no computations")
-        self.computations: list[Computation] = [Computation(c, self) for c in proto.computations]
+        self._build_view()
+
+    def _build_view(self) -> None:
+        self.computations: list[Computation] = [
+            Computation(c, self) for c in self.proto.computations
+        ]
         self.entry: Computation = self._find_entry()
         self._link()
         self._check_calls_acyclic()
+
+    def rebuild(self) -> None:
+        """Rebuild the graph view after a pass changed the proto.
+
+        Instructions are re-ordered in the proto so that each comes after its
+        operands, and computations so that each comes after those it calls, as
+        XLA requires when it reads a proto; a pass may therefore append new
+        instructions and computations anywhere. Cached analyses are dropped.
+        """
+        for name in ("all_reduces", "total_flops", "fingerprint"):
+            self.__dict__.pop(name, None)
+        self._build_view()
+        callees_first = self._callees_first()
+        if [c.id for c in callees_first] != [c.id for c in self.proto.computations]:
+            ordered = [type(c.proto)() for c in callees_first]
+            for copy, computation in zip(ordered, callees_first, strict=True):
+                copy.CopyFrom(computation.proto)
+            del self.proto.computations[:]
+            self.proto.computations.extend(ordered)
+            self._build_view()
+        for computation in self.computations:
+            order = computation.topological_order
+            if [i.id for i in order] == [p.id for p in computation.proto.instructions]:
+                continue
+            ordered = [type(i.proto)() for i in order]
+            for copy, instr in zip(ordered, order, strict=True):
+                copy.CopyFrom(instr.proto)
+            del computation.proto.instructions[:]
+            computation.proto.instructions.extend(ordered)
+        self._build_view()
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<memory>", file_format: str = "pb"):
@@ -299,6 +334,26 @@ class HloModule:
                     f"computation {computation.name!r} has no root instruction "
                     f"(root id {computation.proto.root_id})",
                 )
+
+    def _callees_first(self) -> list[Computation]:
+        """Computations in proto order, moved as needed so callees come first."""
+        placed: set[int] = set()
+        order: list[Computation] = []
+
+        def place(computation: Computation) -> None:
+            # Call depth is small (a handful of nested loops and calls), and the
+            # call graph is checked acyclic before this runs.
+            if computation.id in placed:
+                return
+            placed.add(computation.id)
+            for instr in computation.instructions:
+                for called in instr.called_computations:
+                    place(called)
+            order.append(computation)
+
+        for computation in self.computations:
+            place(computation)
+        return order
 
     def _check_calls_acyclic(self) -> None:
         state: dict[int, int] = {}

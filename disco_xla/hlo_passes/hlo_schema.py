@@ -42,6 +42,7 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("opcode", 2, "string", False),
         ("shape", 3, "ShapeProto", False),
         ("metadata", 7, "OpMetadata", False),
+        ("literal", 8, "LiteralProto", False),
         ("parameter_number", 9, "int64", False),
         ("fusion_kind", 11, "string", False),
         ("tuple_index", 13, "int64", False),
@@ -81,6 +82,10 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("parameters", 1, "ShapeProto", True),
         ("result", 2, "ShapeProto", False),
         ("parameter_names", 3, "string", True),
+    ],
+    "LiteralProto": [
+        ("shape", 1, "ShapeProto", False),
+        ("f32s", 8, "float", True),
     ],
     "LayoutProto": [("minor_to_major", 1, "int64", True)],
     "OpMetadata": [
@@ -145,6 +150,7 @@ _SCALAR_TYPES = {
     "int64": descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
     "int32": descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
     "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
+    "float": descriptor_pb2.FieldDescriptorProto.TYPE_FLOAT,
 }
 
 

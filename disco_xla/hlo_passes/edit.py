@@ -1,0 +1,92 @@
+"""Small helpers the rewrite passes use to add computations and instructions.
+
+They write protos only; a pass calls `HloModule.rebuild()` once it is done, which
+re-links the graph view and puts every instruction after its operands.
+"""
+
+from __future__ import annotations
+
+from disco_xla.hlo_passes.graph import Computation, HloModule
+
+F32 = 11
+
+
+def fresh_instruction_id(computation: Computation) -> int:
+    """An id no instruction of `computation` uses, in XLA's (computation << 32) | n form."""
+    taken = [p.id for p in computation.proto.instructions]
+    return max(taken) + 1 if taken else computation.id << 32
+
+
+def add_instruction(computation: Computation, name: str, opcode: str, shape, operands=()):
+    """Append an instruction proto with a copy of `shape` (a ShapeProto)."""
+    proto = computation.proto.instructions.add(
+        name=_unique_name(computation, name), opcode=opcode, id=fresh_instruction_id(computation)
+    )
+    proto.shape.CopyFrom(shape)
+    proto.operand_ids.extend(operands)
+    return proto
+
+
+def scalar_shape(element_type: int):
+    """A rank-0 ShapeProto (with an empty layout, as XLA writes scalars)."""
+    from disco_xla.hlo_passes.hlo_schema import ShapeProto
+
+    shape = ShapeProto(element_type=element_type)
+    shape.layout.SetInParent()
+    return shape
+
+
+def add_scalar_reducer(module: HloModule, element_type: int, opcode: str = "add") -> int:
+    """Add a computation (x, y) -> opcode(x, y) over scalars; returns its id."""
+    computation_id = max(c.id for c in module.proto.computations) + 1
+    names = {c.name for c in module.proto.computations}
+    name = f"disco_xla.{opcode}_{element_type}"
+    suffix = 0
+    while name in names:
+        suffix += 1
+        name = f"disco_xla.{opcode}_{element_type}.{suffix}"
+    proto = module.proto.computations.add(name=name, id=computation_id)
+    scalar = scalar_shape(element_type)
+    operand_ids = []
+    for number in range(2):
+        parameter = proto.instructions.add(
+            name=f"{name}.x{number}",
+            opcode="parameter",
+            parameter_number=number,
+            id=(computation_id << 32) | number,
+        )
+        parameter.shape.CopyFrom(scalar)
+        operand_ids.append(parameter.id)
+        proto.program_shape.parameters.add().CopyFrom(scalar)
+        proto.program_shape.parameter_names.append(f"x{number}")
+    result = proto.instructions.add(
+        name=f"{name}.result", opcode=opcode, id=(computation_id << 32) | 2
+    )
+    result.shape.CopyFrom(scalar)
+    result.operand_ids.extend(operand_ids)
+    proto.program_shape.result.CopyFrom(scalar)
+    proto.root_id = result.id
+    return computation_id
+
+
+def replace_uses(computation: Computation, old_id: int, new_id: int, keep: set[int]) -> int:
+    """Make every instruction except those in `keep` read `new_id` where it read
+    `old_id`. Returns how many operand slots changed."""
+    changed = 0
+    for proto in computation.proto.instructions:
+        if proto.id in keep:
+            continue
+        for index, operand in enumerate(proto.operand_ids):
+            if operand == old_id:
+                proto.operand_ids[index] = new_id
+                changed += 1
+    return changed
+
+
+def _unique_name(computation: Computation, name: str) -> str:
+    names = {p.name for p in computation.proto.instructions}
+    candidate, suffix = name, 0
+    while candidate in names:
+        suffix += 1
+        candidate = f"{name}.{suffix}"
+    return candidate

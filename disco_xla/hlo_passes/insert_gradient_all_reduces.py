@@ -1,0 +1,106 @@
+"""Pass: insert gradient all-reduces, turning a single-device training step into
+its data-parallel form, as Horovod's DistributedOptimizer does.
+
+For each output that is a gradient, we find the instruction that computes it
+(looking through reshape, bitcast, copy, transpose and convert, which all-reduce
+commutes with), and put `all-reduce(sum over N replicas) / N` right after it. Every
+user of the local gradient, the optimizer update as well as the output, then reads
+the mean, so all replicas apply the same update. A gradient that is an input of
+the step itself (a parameter or constant) is reduced only where it is output, since
+its other users are forward code.
+"""
+
+from __future__ import annotations
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo_passes import edit
+from disco_xla.hlo_passes.graph import HloModule, Instruction
+
+NAME = "insert-gradient-all-reduces"
+_LINEAR_VIEWS = frozenset({"reshape", "bitcast", "copy", "transpose", "convert"})
+_SOURCES = frozenset({"parameter", "constant", "iota"})
+GRADIENT_MARK = "disco_xla.gradient"
+
+
+def insert_gradient_all_reduces(
+    module: HloModule,
+    gradient_outputs: list[int],
+    replicas: int,
+    gradient_names: list[str] | None = None,
+) -> bool:
+    """Run the pass. `gradient_outputs` are indices into the entry's output tuple;
+    `gradient_names` (same length) name them in the all-reduces' metadata.
+    Returns whether the module changed."""
+    if replicas < 1:
+        raise DiscoInputError(module.source, f"replicas must be at least 1, not {replicas}")
+    if not gradient_outputs:
+        return False
+    root = module.entry.root
+    if root.opcode != "tuple":
+        raise DiscoInputError(module.source, "the entry computation does not return a tuple")
+    names = gradient_names or [f"output_{k}" for k in gradient_outputs]
+    if len(names) != len(gradient_outputs):
+        raise ValueError("gradient_names must name each gradient output")
+    producers: dict[int, tuple[Instruction, str, list[int]]] = {}
+    for output, name in zip(gradient_outputs, names, strict=True):
+        if not 0 <= output < len(root.operands):
+            raise DiscoInputError(
+                module.source, f"output {output} does not exist ({len(root.operands)} outputs)"
+            )
+        producer = _gradient_producer(root.operands[output])
+        _, _, outputs = producers.setdefault(producer.id, (producer, name, []))
+        outputs.append(output)
+
+    entry = module.entry
+    reducers: dict[int, int] = {}
+    for producer, name, outputs in producers.values():
+        element_type = producer.proto.shape.element_type
+        if element_type not in reducers:
+            reducers[element_type] = edit.add_scalar_reducer(module, element_type)
+        reduced = edit.add_instruction(
+            entry, f"{producer.name}.all_reduce", "all-reduce", producer.proto.shape, [producer.id]
+        )
+        reduced.called_computation_ids.append(reducers[element_type])
+        reduced.replica_groups.add().replica_ids.extend(range(replicas))
+        reduced.metadata.op_name = f"{GRADIENT_MARK}/{name}"
+        count = edit.add_instruction(
+            entry, f"{producer.name}.replicas", "constant", edit.scalar_shape(edit.F32)
+        )
+        count.literal.shape.CopyFrom(count.shape)
+        count.literal.f32s.append(float(replicas))
+        if element_type != edit.F32:
+            count = edit.add_instruction(
+                entry,
+                f"{producer.name}.replicas_cast",
+                "convert",
+                edit.scalar_shape(element_type),
+                [count.id],
+            )
+        spread = edit.add_instruction(
+            entry,
+            f"{producer.name}.replicas_broadcast",
+            "broadcast",
+            producer.proto.shape,
+            [count.id],
+        )
+        mean = edit.add_instruction(
+            entry, f"{producer.name}.mean", "divide", producer.proto.shape, [reduced.id, spread.id]
+        )
+        mean.metadata.op_name = f"{GRADIENT_MARK}/{name}/mean"
+        if producer.opcode in _SOURCES:
+            for output in outputs:
+                root.proto.operand_ids[output] = mean.id
+        else:
+            edit.replace_uses(entry, producer.id, mean.id, keep={reduced.id})
+    module.rebuild()
+    return True
+
+
+def _gradient_producer(value: Instruction) -> Instruction:
+    while (
+        value.opcode in _LINEAR_VIEWS
+        and len(value.operands) == 1
+        and value.operands[0].opcode not in _SOURCES
+    ):
+        value = value.operands[0]
+    return value

@@ -1,0 +1,1 @@
+"""Execution of (rewritten) modules under JAX and TensorFlow."""

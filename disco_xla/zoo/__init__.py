@@ -1,0 +1,72 @@
+"""Real models' data-parallel training steps, to capture as HLO.
+
+JAX (dm-haiku): ResNet-50, VGG-19, Inception-v3, BERT-base, BERT-large,
+Transformer-base and GPT-2 small. TensorFlow (Keras 3): ResNet50, VGG16 and
+InceptionV3 from keras.applications, and a BERT-like encoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from disco_xla.hlo_passes.graph import HloModule
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    framework: str  # 'jax' or 'tf'
+    description: str
+    published_parameters: int | None  # the figure papers quote, where they quote one
+
+
+ZOO = (
+    ZooEntry("resnet50", "jax", "ResNet-50 (He et al. 2016), 224x224", 25_600_000),
+    ZooEntry("vgg19", "jax", "VGG-19 (Simonyan & Zisserman 2015), 224x224", 143_700_000),
+    ZooEntry("inception_v3", "jax", "Inception-v3 (Szegedy et al. 2016), 299x299", None),
+    ZooEntry("bert_base", "jax", "BERT-base pre-training, sequence 128", 110_000_000),
+    ZooEntry("bert_large", "jax", "BERT-large pre-training, sequence 128", 340_000_000),
+    ZooEntry("transformer_base", "jax", "Transformer-base encoder-decoder, 37k vocab", None),
+    ZooEntry("gpt2_small", "jax", "GPT-2 small language model, sequence 128", 124_000_000),
+    ZooEntry("resnet50", "tf", "keras.applications.ResNet50", None),
+    ZooEntry("vgg16", "tf", "keras.applications.VGG16", None),
+    ZooEntry("inception_v3", "tf", "keras.applications.InceptionV3", None),
+    ZooEntry("bert_encoder", "tf", "BERT-like encoder in Keras layers, classification", None),
+)
+
+
+def zoo_entry(name: str, framework: str) -> ZooEntry:
+    for entry in ZOO:
+        if entry.name == name and entry.framework == framework:
+            return entry
+    raise KeyError(f"{framework}:{name}")
+
+
+def capture_model(
+    name: str,
+    framework: str,
+    replicas: int,
+    size: str = "tiny",
+    batch: int | None = None,
+    mode: str = "pmap",
+) -> tuple[HloModule, int]:
+    """Capture a zoo model's data-parallel step: (module, parameter tensors).
+
+    `batch` is the global batch (default two examples per replica). JAX needs
+    `replicas` CPU devices; full sizes are lowered from shapes only.
+    """
+    batch = batch or 2 * replicas
+    if framework == "jax":
+        from disco_xla.capture import capture_jax
+        from disco_xla.zoo.jax_steps import build_jax_step
+
+        step = build_jax_step(name, size, replicas, batch, mode, concrete=False)
+        return capture_jax(step.fn, *step.args), step.parameter_tensors
+    if framework == "tf":
+        from disco_xla.zoo.tf_steps import build_tf_step, capture_tf_step
+
+        if batch % replicas:
+            raise ValueError(f"the batch {batch} does not split over {replicas} replicas")
+        step = build_tf_step(name, size, batch // replicas)
+        return capture_tf_step(step, replicas), len(step.variable_names)
+    raise KeyError(framework)

@@ -1,0 +1,160 @@
+"""Data-parallel JAX training steps for the zoo models.
+
+A step is: forward, loss and `jax.grad`; one `lax.pmean` per parameter tensor;
+an optax update (SGD with momentum for the CNNs, Adam for the transformers).
+It is built either with `jax.pmap` or with `jax.jit` over `jax.shard_map`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from disco_xla.zoo import cnn
+from disco_xla.zoo import transformers as tr
+
+AXIS = "data"
+
+
+@dataclass(frozen=True)
+class JaxStep:
+    """A training step and arguments to call (or lower) it with."""
+
+    fn: Any  # the pmap'd or jitted step
+    args: tuple  # (params, state, opt_state, batch), stacked per device for pmap
+    parameter_tensors: int
+    parameter_count: int
+    mode: str  # 'pmap' or 'shard_map'
+    replicas: int
+
+
+_IMAGE_SIDE = {"resnet50": (224, 32), "vgg19": (224, 32), "inception_v3": (299, 75)}
+_CNNS = {"resnet50": cnn.resnet50, "vgg19": cnn.vgg19, "inception_v3": cnn.inception_v3}
+_TRANSFORMERS = {
+    "bert_base": (tr.bert, tr.bert_batch, tr.BERT_BASE, tr.BERT_BASE_TINY),
+    "bert_large": (tr.bert, tr.bert_batch, tr.BERT_LARGE, tr.BERT_LARGE_TINY),
+    "transformer_base": (
+        tr.transformer,
+        tr.transformer_batch,
+        tr.TRANSFORMER_BASE,
+        tr.TRANSFORMER_TINY,
+    ),
+    "gpt2_small": (tr.gpt2, tr.gpt2_batch, tr.GPT2_SMALL, tr.GPT2_TINY),
+}
+JAX_MODELS = tuple(_CNNS) + tuple(_TRANSFORMERS)
+
+
+def _model(name: str, size: str, batch: int, rng: np.random.Generator):
+    """(haiku transformed loss, example batch, optimizer)."""
+    if name in _CNNS:
+        side = _IMAGE_SIDE[name][0 if size == "full" else 1]
+        classes = 1000 if size == "full" else 10
+        forward = _CNNS[name](size, classes)
+
+        def loss(batch):
+            images, labels = batch
+            logits = forward(images, True)
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1))
+
+        example = (
+            rng.standard_normal((batch, side, side, 3)).astype(np.float32),
+            rng.integers(0, classes, (batch,), dtype=np.int32),
+        )
+        return hk.transform_with_state(loss), example, optax.sgd(0.1, momentum=0.9)
+    build, make_batch, full, tiny = _TRANSFORMERS[name]
+    config = full if size == "full" else tiny
+    return (
+        hk.transform_with_state(build(config)),
+        make_batch(config, batch, rng),
+        optax.adam(1e-4),
+    )
+
+
+def build_jax_step(
+    name: str,
+    size: str = "tiny",
+    replicas: int = 2,
+    global_batch: int = 4,
+    mode: str = "pmap",
+    concrete: bool = True,
+    seed: int = 0,
+) -> JaxStep:
+    """The data-parallel training step of zoo model `name` over `replicas` devices.
+
+    With `concrete=False` the arguments are `jax.ShapeDtypeStruct`s: enough to
+    lower and capture the step without allocating full-size weights.
+    """
+    if name not in JAX_MODELS:
+        raise KeyError(name)
+    if global_batch % replicas:
+        raise ValueError(f"the batch {global_batch} does not split over {replicas} replicas")
+    rng = np.random.default_rng(seed)
+    transformed, example, optimizer = _model(name, size, global_batch, rng)
+    per_device = global_batch // replicas
+    device_batch = jax.tree_util.tree_map(lambda x: x[:per_device], example)
+
+    def init():
+        params, state = transformed.init(jax.random.PRNGKey(seed), device_batch)
+        return params, state, optimizer.init(params)
+
+    params, state, opt_state = jax.jit(init)() if concrete else jax.eval_shape(init)
+    leaves = jax.tree_util.tree_leaves(params)
+
+    def step(params, state, opt_state, batch):
+        def loss_fn(p):
+            return transformed.apply(p, state, None, batch)
+
+        (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        grads = jax.tree_util.tree_map(lambda g: jax.lax.pmean(g, AXIS), grads)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_state, opt_state, jax.lax.pmean(loss, AXIS)
+
+    if mode == "pmap":
+
+        def per_device_copies(x):
+            if isinstance(x, jax.ShapeDtypeStruct):
+                return jax.ShapeDtypeStruct((replicas, *x.shape), x.dtype)
+            return jnp.broadcast_to(x, (replicas, *x.shape))
+
+        def split(x):
+            return np.reshape(x, (replicas, per_device, *x.shape[1:]))
+
+        replicated = jax.tree_util.tree_map(per_device_copies, (params, state, opt_state))
+        batch = jax.tree_util.tree_map(split, example)
+        if not concrete:
+            batch = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+        fn = jax.pmap(step, axis_name=AXIS, devices=jax.devices()[:replicas])
+        args = (*replicated, batch)
+    elif mode == "shard_map":
+        mesh = Mesh(np.array(jax.devices()[:replicas]), (AXIS,))
+        fn = jax.jit(
+            jax.shard_map(
+                step,
+                mesh=mesh,
+                in_specs=(P(), P(), P(), P(AXIS)),
+                out_specs=(P(), P(), P(), P()),
+                check_vma=False,  # gradients are reduced explicitly, one pmean each
+            )
+        )
+        batch = example
+        if not concrete:
+            batch = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+        args = (params, state, opt_state, batch)
+    else:
+        raise ValueError(f"unknown mode {mode!r}: use 'pmap' or 'shard_map'")
+    return JaxStep(
+        fn=fn,
+        args=args,
+        parameter_tensors=len(leaves),
+        parameter_count=sum(int(np.prod(x.shape)) for x in leaves),
+        mode=mode,
+        replicas=replicas,
+    )

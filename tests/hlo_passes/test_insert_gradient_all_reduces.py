@@ -1,0 +1,61 @@
+"""The insert-gradient-all-reduces pass makes a single-device step data-parallel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from disco_xla import DiscoInputError
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo_passes.insert_gradient_all_reduces import insert_gradient_all_reduces
+from disco_xla.runtime.xla_runner import ReplicatedProgram, random_arguments
+from tests.conftest import _tf_train_step
+
+VARIABLES = 4  # two Dense layers: kernel and bias each
+
+
+@pytest.fixture()
+def tf_step_module(captured):
+    return HloModule.from_bytes(captured["tf_train_step"][0], "tf_step")
+
+
+def test_one_marked_all_reduce_per_gradient_output(tf_step_module):
+    assert insert_gradient_all_reduces(
+        tf_step_module, [1, 2, 3, 4], replicas=2, gradient_names=list("abcd")
+    )
+    reduces = tf_step_module.gradient_all_reduces
+    assert len(reduces) == VARIABLES
+    marks = sorted(i.op_name for i in tf_step_module.instructions() if i.opcode == "all-reduce")
+    assert marks == [f"disco_xla.gradient/{name}" for name in "abcd"]
+
+
+def test_replicas_apply_the_mean_gradient(tf_step_module):
+    original = HloModule.from_bytes(tf_step_module.to_bytes(), "original")
+    insert_gradient_all_reduces(tf_step_module, list(range(1, 1 + VARIABLES)), replicas=2)
+    single = ReplicatedProgram(original, replicas=1)
+    double = ReplicatedProgram(tf_step_module, replicas=2)
+    first = random_arguments(single.parameters, seed=0)
+    second = random_arguments(single.parameters, seed=1)[:2] + first[2:]  # other data
+    local = [single.run([first])[0], single.run([second])[0]]
+    together = double.run([first, second])
+    for index in range(1, 1 + VARIABLES):
+        mean = (local[0][index] + local[1][index]) / 2
+        np.testing.assert_allclose(together[0][index], mean, rtol=1e-6, atol=1e-7)
+        assert np.array_equal(together[0][index], together[1][index])
+        # Without the pass the two replicas' gradients differ.
+        assert not np.array_equal(local[0][index], local[1][index])
+    for index in range(1 + VARIABLES, 1 + 2 * VARIABLES):  # the updated variables
+        assert np.array_equal(together[0][index], together[1][index])
+
+
+def test_no_gradients_means_no_change_and_bad_outputs_are_refused(tf_step_module):
+    before = tf_step_module.to_bytes()
+    assert not insert_gradient_all_reduces(tf_step_module, [], replicas=2)
+    assert tf_step_module.to_bytes() == before
+    with pytest.raises(DiscoInputError, match="output 99 does not exist"):
+        insert_gradient_all_reduces(tf_step_module, [99], replicas=2)
+
+
+def test_conftest_step_has_the_expected_outputs():
+    fn, args, variables = _tf_train_step()
+    assert variables == VARIABLES
