@@ -28,30 +28,11 @@ BLOCK = ("dot", "add", "tanh", "all-reduce", "multiply")
 
 def generate_module(instructions: int) -> bytes:
     """A valid HloModuleProto with about `instructions` instructions."""
+    from disco_xla.hlo_passes.edit import add_scalar_reducer
     from disco_xla.hlo_passes.hlo_schema import HloModuleProto
 
     module = HloModuleProto(name="scale_test", id=1)
-    reducer = module.computations.add(name="sum", id=1)
-    scalar_ids = []
-    for number in range(2):
-        scalar = reducer.instructions.add(
-            name=f"sum.x{number}",
-            opcode="parameter",
-            parameter_number=number,
-            id=(1 << 32) | number,
-        )
-        scalar.shape.element_type = F32
-        scalar_ids.append(scalar.id)
-    add = reducer.instructions.add(name="sum.add", opcode="add", id=(1 << 32) | 2)
-    add.shape.element_type = F32
-    add.operand_ids.extend(scalar_ids)
-    reducer.root_id = add.id
-    for shape in list(reducer.program_shape.parameters.add() for _ in range(2)) + [
-        reducer.program_shape.result
-    ]:
-        shape.element_type = F32
-    reducer.program_shape.parameter_names.extend(["x0", "x1"])
-
+    reducer_id = add_scalar_reducer(module, F32)
     entry = module.computations.add(name="main", id=2)
     local = 0
 
@@ -83,7 +64,7 @@ def generate_module(instructions: int) -> bytes:
         summed = new("add", [dot.id, previous], f"{prefix}/add")
         activated = new("tanh", [summed.id], f"{prefix}/tanh")
         reduced = new("all-reduce", [activated.id], f"jit(step)/psum_{block}")
-        reduced.called_computation_ids.append(reducer.id)
+        reduced.called_computation_ids.append(reducer_id)
         reduced.collective_device_list.replica_groups.add().replica_ids.extend([0, 1])
         previous = new("multiply", [reduced.id, activated.id], f"{prefix}/mul").id
     root = entry.instructions.add(name="result", opcode="tuple", id=(2 << 32) | local)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 
 from disco_xla.errors import DiscoInputError
@@ -60,17 +61,46 @@ def _capture(args: argparse.Namespace) -> int:
     # The capture runs on this many host CPU devices; no GPU, weights or data needed.
     jax.config.update("jax_num_cpu_devices", args.replicas)
     from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.progress import StageProgress
     from disco_xla.zoo import capture_model
 
-    module, parameter_tensors = capture_model(
-        args.model, args.framework, args.replicas, args.size, args.batch, args.mode
-    )
-    save_module(module, args.output)
-    print(
-        f"wrote {args.output}: {args.framework} {args.model} ({args.size}), "
-        f"{module.instruction_count} instructions, {len(module.gradient_all_reduces)} gradient "
-        f"all-reduces for {parameter_tensors} parameter tensors"
-    )
+    start = time.perf_counter()
+    with StageProgress(["build", "lower", "write"], quiet=args.json) as progress:
+        captured = capture_model(
+            args.model,
+            args.framework,
+            args.replicas,
+            args.size,
+            args.batch,
+            args.mode,
+            on_stage=progress.stage,
+        )
+        progress.stage("write")
+        save_module(captured.module, args.output)
+    module = captured.module
+    gradients = module.gradient_all_reduces
+    report = {
+        "model": args.model,
+        "framework": args.framework,
+        "size": args.size,
+        "replicas": args.replicas,
+        "output": args.output,
+        "parameters": captured.parameter_count,
+        "parameter_tensors": captured.parameter_tensors,
+        "gradient_all_reduces": len(gradients),
+        "gradient_bytes": sum(a.bytes for a in gradients),
+        "instructions": module.instruction_count,
+        "capture_s": round(time.perf_counter() - start, 3),
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"wrote {args.output}: {args.framework} {args.model} ({args.size}), "
+            f"{captured.parameter_count:,} parameters, {module.instruction_count} instructions, "
+            f"{len(gradients)} gradient all-reduces for {captured.parameter_tensors} parameter "
+            f"tensors, {report['capture_s']:.1f} s"
+        )
     return 0
 
 
@@ -117,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode", choices=["pmap", "shard_map"], default="pmap", help="JAX: pmap or jit+shard_map"
     )
     capture.add_argument("-o", "--output", help="where to write the module (.pb, .txt, ...)")
+    capture.add_argument("--json", action="store_true", help="print one JSON object, no progress")
     capture.set_defaults(run=_capture)
     return parser
 

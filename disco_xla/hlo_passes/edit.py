@@ -6,7 +6,7 @@ re-links the graph view and puts every instruction after its operands.
 
 from __future__ import annotations
 
-from disco_xla.hlo_passes.graph import Computation, HloModule
+from disco_xla.hlo_passes.graph import Computation
 
 F32 = 11
 
@@ -36,16 +36,17 @@ def scalar_shape(element_type: int):
     return shape
 
 
-def add_scalar_reducer(module: HloModule, element_type: int, opcode: str = "add") -> int:
-    """Add a computation (x, y) -> opcode(x, y) over scalars; returns its id."""
-    computation_id = max(c.id for c in module.proto.computations) + 1
-    names = {c.name for c in module.proto.computations}
+def add_scalar_reducer(module_proto, element_type: int, opcode: str = "add") -> int:
+    """Add a computation (x, y) -> opcode(x, y) over scalars to an HloModuleProto;
+    returns its id."""
+    computation_id = max((c.id for c in module_proto.computations), default=0) + 1
+    names = {c.name for c in module_proto.computations}
     name = f"disco_xla.{opcode}_{element_type}"
     suffix = 0
     while name in names:
         suffix += 1
         name = f"disco_xla.{opcode}_{element_type}.{suffix}"
-    proto = module.proto.computations.add(name=name, id=computation_id)
+    proto = module_proto.computations.add(name=name, id=computation_id)
     scalar = scalar_shape(element_type)
     operand_ids = []
     for number in range(2):

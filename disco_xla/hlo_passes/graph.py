@@ -200,23 +200,10 @@ class HloModule:
         for name in ("all_reduces", "total_flops", "fingerprint"):
             self.__dict__.pop(name, None)
         self._build_view()
-        callees_first = self._callees_first()
-        if [c.id for c in callees_first] != [c.id for c in self.proto.computations]:
-            ordered = [type(c.proto)() for c in callees_first]
-            for copy, computation in zip(ordered, callees_first, strict=True):
-                copy.CopyFrom(computation.proto)
-            del self.proto.computations[:]
-            self.proto.computations.extend(ordered)
+        if _reorder(self.proto.computations, self._callees_first()):
             self._build_view()
         for computation in self.computations:
-            order = computation.topological_order
-            if [i.id for i in order] == [p.id for p in computation.proto.instructions]:
-                continue
-            ordered = [type(i.proto)() for i in order]
-            for copy, instr in zip(ordered, order, strict=True):
-                copy.CopyFrom(instr.proto)
-            del computation.proto.instructions[:]
-            computation.proto.instructions.extend(ordered)
+            _reorder(computation.proto.instructions, computation.topological_order)
         self._build_view()
 
     @classmethod
@@ -504,6 +491,19 @@ class HloModule:
 
     def __repr__(self) -> str:
         return f"<HloModule {self.name}: {len(self.computations)} computations>"
+
+
+def _reorder(repeated, items) -> bool:
+    """Make a repeated proto field hold `items`' protos in this order. Returns
+    whether the order changed."""
+    if [item.id for item in items] == [proto.id for proto in repeated]:
+        return False
+    ordered = [type(item.proto)() for item in items]
+    for copy, item in zip(ordered, items, strict=True):
+        copy.CopyFrom(item.proto)
+    del repeated[:]
+    repeated.extend(ordered)
+    return True
 
 
 def _module_inside_wrapper(data: bytes):

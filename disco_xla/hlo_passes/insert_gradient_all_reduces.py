@@ -56,7 +56,7 @@ def insert_gradient_all_reduces(
     for producer, name, outputs in producers.values():
         element_type = producer.proto.shape.element_type
         if element_type not in reducers:
-            reducers[element_type] = edit.add_scalar_reducer(module, element_type)
+            reducers[element_type] = edit.add_scalar_reducer(module.proto, element_type)
         reduced = edit.add_instruction(
             entry, f"{producer.name}.all_reduce", "all-reduce", producer.proto.shape, [producer.id]
         )

@@ -7,6 +7,7 @@ InceptionV3 from keras.applications, and a BERT-like encoder.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from disco_xla.hlo_passes.graph import HloModule
@@ -42,6 +43,13 @@ def zoo_entry(name: str, framework: str) -> ZooEntry:
     raise KeyError(f"{framework}:{name}")
 
 
+@dataclass(frozen=True)
+class Capture:
+    module: HloModule
+    parameter_tensors: int
+    parameter_count: int
+
+
 def capture_model(
     name: str,
     framework: str,
@@ -49,24 +57,32 @@ def capture_model(
     size: str = "tiny",
     batch: int | None = None,
     mode: str = "pmap",
-) -> tuple[HloModule, int]:
-    """Capture a zoo model's data-parallel step: (module, parameter tensors).
+    on_stage: Callable[[str], None] = lambda stage: None,
+) -> Capture:
+    """Capture a zoo model's data-parallel training step.
 
     `batch` is the global batch (default two examples per replica). JAX needs
-    `replicas` CPU devices; full sizes are lowered from shapes only.
+    `replicas` CPU devices; full sizes are lowered from shapes only. `on_stage`
+    is told when each stage starts ('build', 'lower').
     """
     batch = batch or 2 * replicas
     if framework == "jax":
         from disco_xla.capture import capture_jax
         from disco_xla.zoo.jax_steps import build_jax_step
 
+        on_stage("build")
         step = build_jax_step(name, size, replicas, batch, mode, concrete=False)
-        return capture_jax(step.fn, *step.args), step.parameter_tensors
+        on_stage("lower")
+        module = capture_jax(step.fn, *step.args)
+        return Capture(module, step.parameter_tensors, step.parameter_count)
     if framework == "tf":
         from disco_xla.zoo.tf_steps import build_tf_step, capture_tf_step
 
         if batch % replicas:
             raise ValueError(f"the batch {batch} does not split over {replicas} replicas")
+        on_stage("build")
         step = build_tf_step(name, size, batch // replicas)
-        return capture_tf_step(step, replicas), len(step.variable_names)
+        on_stage("lower")
+        module = capture_tf_step(step, replicas)
+        return Capture(module, len(step.variable_names), step.parameter_count)
     raise KeyError(framework)
