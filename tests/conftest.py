@@ -25,6 +25,19 @@ def run_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+def assert_round_trip_is_lossless(raw: bytes) -> None:
+    """Our parse and re-serialise gives the same HLO text and StableHLO as XLA's bytes."""
+    from jax._src.lib import _jax, xla_client
+
+    from disco_xla.hlo_passes.graph import HloModule
+
+    again = HloModule.from_bytes(raw, "round-trip").to_bytes()
+    assert xla_client.XlaComputation(again).as_hlo_text() == (
+        xla_client.XlaComputation(raw).as_hlo_text()
+    )
+    assert _jax.mlir.hlo_to_stablehlo(again) == _jax.mlir.hlo_to_stablehlo(raw)
+
+
 def _pmap_training_step():
     from disco_xla.demo import build_step
 

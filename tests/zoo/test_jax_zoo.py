@@ -11,7 +11,7 @@ import pytest
 
 from disco_xla import capture_jax, save_module
 from disco_xla.zoo.jax_steps import JAX_MODELS, build_jax_step
-from tests.conftest import run_cli
+from tests.conftest import assert_round_trip_is_lossless, run_cli
 
 
 @pytest.mark.parametrize("mode", ["pmap", "shard_map"])
@@ -19,6 +19,9 @@ from tests.conftest import run_cli
 def test_tiny_capture_has_one_gradient_all_reduce_per_parameter_tensor(name, mode, tmp_path):
     step = build_jax_step(name, "tiny", replicas=2, global_batch=4, mode=mode, concrete=False)
     module = capture_jax(step.fn, *step.args)
+    assert_round_trip_is_lossless(
+        step.fn.lower(*step.args).compiler_ir("hlo").as_serialized_hlo_module_proto()
+    )
     assert len(module.gradient_all_reduces) == step.parameter_tensors
     assert module.device_counts()["num_partitions"] == 2
     path = tmp_path / f"{name}.hlo.pb"

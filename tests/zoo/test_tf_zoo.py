@@ -11,7 +11,7 @@ import pytest
 from disco_xla import save_module
 from disco_xla.runtime.xla_runner import ReplicatedProgram, random_arguments
 from disco_xla.zoo.tf_steps import TF_MODELS, build_tf_step, capture_tf_step
-from tests.conftest import run_cli
+from tests.conftest import assert_round_trip_is_lossless, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,10 @@ def tf_captures():
 @pytest.mark.parametrize("name", TF_MODELS)
 def test_tiny_capture_has_one_gradient_all_reduce_per_variable(tf_captures, name, tmp_path):
     step, module = tf_captures[name]
+    assert_round_trip_is_lossless(
+        step.fn.experimental_get_compiler_ir(*step.args)(stage="hlo_serialized")
+    )
+    assert_round_trip_is_lossless(module.to_bytes())  # after the pass too
     assert len(module.gradient_all_reduces) == len(step.variable_names)
     assert all(a.group_size == 2 and a.scope == "replica" for a in module.gradient_all_reduces)
     path = tmp_path / f"{name}.hlo.pb"
