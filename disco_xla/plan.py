@@ -1,0 +1,291 @@
+"""The strategy type: which instructions are fused into one kernel, and how the
+gradient all-reduces are grouped into buckets, plus the one verifier of legality.
+
+A plan speaks of IR names only, so it is plain data: it serialises to JSON, and
+can be cached, shown, diffed and applied to the module it was made for (checked
+by the module's fingerprint).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo_passes.graph import ALL_REDUCE_OPCODES, HloModule, Instruction
+
+PLAN_FORMAT = "disco-xla-plan/1"
+
+# Instructions that are never part of a fused kernel: inputs, plumbing, control
+# flow, markers and collectives. Everything else in program code is a compute
+# instruction and belongs to exactly one fusion group.
+NOT_FUSIBLE_OPCODES = frozenset(
+    {
+        "parameter",
+        "constant",
+        "tuple",
+        "get-tuple-element",
+        "after-all",
+        "call",
+        "while",
+        "conditional",
+        "custom-call",
+        "all-gather",
+        "all-to-all",
+        "reduce-scatter",
+        "collective-permute",
+        "partition-id",
+        "replica-id",
+        "opt-barrier",
+        "infeed",
+        "outfeed",
+        "send",
+        "send-done",
+        "recv",
+        "recv-done",
+    }
+    | ALL_REDUCE_OPCODES
+)
+# Ops that become a library call or a large loop nest; one per kernel by default.
+EXPENSIVE_OPCODES = frozenset({"dot", "convolution"})
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Op-fusion groups (a partition of the compute instructions) and all-reduce
+    buckets (an ordered partition of the gradient all-reduces), by name."""
+
+    module_name: str
+    fingerprint: str
+    fusion_groups: tuple[tuple[str, ...], ...]
+    all_reduce_buckets: tuple[tuple[str, ...], ...]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": PLAN_FORMAT,
+                "module": self.module_name,
+                "fingerprint": self.fingerprint,
+                "fusion_groups": [list(g) for g in self.fusion_groups],
+                "all_reduce_buckets": [list(b) for b in self.all_reduce_buckets],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<plan>") -> Plan:
+        try:
+            data = json.loads(text)
+            if data.get("format") != PLAN_FORMAT:
+                raise ValueError(f"not a {PLAN_FORMAT} plan")
+            return cls(
+                module_name=str(data["module"]),
+                fingerprint=str(data["fingerprint"]),
+                fusion_groups=tuple(tuple(map(str, g)) for g in data["fusion_groups"]),
+                all_reduce_buckets=tuple(tuple(map(str, b)) for b in data["all_reduce_buckets"]),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise DiscoInputError(source, f"not a disco-xla plan ({error})") from None
+
+    @classmethod
+    def unfused(cls, module: HloModule) -> Plan:
+        """No op fusion, one all-reduce per gradient: the `none` baseline."""
+        return cls(
+            module_name=module.name,
+            fingerprint=module.fingerprint,
+            fusion_groups=tuple((i.name,) for i in compute_instructions(module)),
+            all_reduce_buckets=tuple((a.name,) for a in gradient_all_reduces_in_order(module)),
+        )
+
+
+def compute_instructions(module: HloModule) -> list[Instruction]:
+    """The instructions a plan must place in fusion groups, in topological order."""
+    return [
+        instr
+        for computation in module.computations
+        if computation.role in ("entry", "program")
+        for instr in computation.topological_order
+        if instr.opcode not in NOT_FUSIBLE_OPCODES
+    ]
+
+
+def gradient_all_reduces_in_order(module: HloModule) -> list[Instruction]:
+    """Gradient all-reduce instructions in topological order."""
+    names = {a.name for a in module.gradient_all_reduces}
+    return [
+        instr
+        for computation in module.computations
+        for instr in computation.topological_order
+        if instr.name in names
+    ]
+
+
+def verify_plan(
+    plan: Plan, module: HloModule, max_expensive_ops_per_kernel: int = 1, source: str = "<plan>"
+) -> None:
+    """Raise DiscoInputError with the reason if `plan` is not legal for `module`.
+
+    Checks, in order: the fingerprint; the groups partition the compute
+    instructions, each inside one computation, with at most
+    `max_expensive_ops_per_kernel` dots or convolutions; contracting every group
+    to one node leaves the program acyclic (so every group is convex and fusing
+    creates no cycle); the buckets partition the gradient all-reduces; members of
+    a bucket share dtype, reduction and device groups, and do not depend on each
+    other; and no bucket depends on a later one.
+    """
+    if plan.fingerprint != module.fingerprint:
+        raise DiscoInputError(
+            source,
+            f"the plan is for another module ({plan.module_name}, fingerprint "
+            f"{plan.fingerprint[:12]}), not {module.name} ({module.fingerprint[:12]})",
+        )
+    by_name = _instructions_by_name(module, source)
+    group_of = _check_groups(plan, module, by_name, max_expensive_ops_per_kernel, source)
+    _check_contracted_graph_acyclic(module, group_of, plan, source)
+    _check_buckets(plan, module, by_name, source)
+
+
+def _instructions_by_name(module: HloModule, source: str) -> dict[str, Instruction]:
+    by_name: dict[str, Instruction] = {}
+    for instr in module.instructions():
+        if instr.name in by_name:
+            raise DiscoInputError(source, f"the module has two instructions named {instr.name!r}")
+        by_name[instr.name] = instr
+    return by_name
+
+
+def _check_groups(plan, module, by_name, max_expensive, source) -> dict[int, int]:
+    expected = {id(i) for i in compute_instructions(module)}
+    group_of: dict[int, int] = {}
+    for index, group in enumerate(plan.fusion_groups):
+        if not group:
+            raise DiscoInputError(source, f"fusion group {index} is empty")
+        members = []
+        for name in group:
+            instr = by_name.get(name)
+            if instr is None:
+                raise DiscoInputError(source, f"fusion group {index}: no instruction {name!r}")
+            if id(instr) not in expected:
+                raise DiscoInputError(
+                    source, f"fusion group {index}: {name!r} ({instr.opcode}) cannot be fused"
+                )
+            if id(instr) in group_of:
+                raise DiscoInputError(
+                    source, f"{name!r} is in fusion groups {group_of[id(instr)]} and {index}"
+                )
+            group_of[id(instr)] = index
+            members.append(instr)
+        if len({id(m.computation) for m in members}) > 1:
+            raise DiscoInputError(source, f"fusion group {index} spans several computations")
+        expensive = sum(m.opcode in EXPENSIVE_OPCODES for m in members)
+        if expensive > max_expensive:
+            raise DiscoInputError(
+                source,
+                f"fusion group {index} has {expensive} dots/convolutions; at most "
+                f"{max_expensive} per kernel",
+            )
+    missing = [i.name for i in compute_instructions(module) if id(i) not in group_of]
+    if missing:
+        raise DiscoInputError(
+            source,
+            f"{len(missing)} compute instructions are in no fusion group, e.g. {missing[0]!r}",
+        )
+    return group_of
+
+
+def _check_contracted_graph_acyclic(module, group_of, plan, source) -> None:
+    """Kahn's algorithm on the graph where each group is one node."""
+    for computation in module.computations:
+        if computation.role not in ("entry", "program"):
+            continue
+        node_of = {
+            id(i): ("group", group_of[id(i)]) if id(i) in group_of else ("single", id(i))
+            for i in computation.instructions
+        }
+        successors: dict[tuple, set] = defaultdict(set)
+        indegree: dict[tuple, int] = dict.fromkeys(node_of.values(), 0)
+        for instr in computation.instructions:
+            for dep in instr.operands + instr.control_predecessors:
+                a, b = node_of[id(dep)], node_of[id(instr)]
+                if a != b and b not in successors[a]:
+                    successors[a].add(b)
+                    indegree[b] += 1
+        ready = [node for node, degree in indegree.items() if degree == 0]
+        seen = 0
+        while ready:
+            node = ready.pop()
+            seen += 1
+            for successor in successors[node]:
+                indegree[successor] -= 1
+                if indegree[successor] == 0:
+                    ready.append(successor)
+        if seen != len(indegree):
+            stuck = sorted(n[1] for n, d in indegree.items() if d > 0 and n[0] == "group")
+            where = (
+                f"fusion group {stuck[0]} ({', '.join(plan.fusion_groups[stuck[0]][:3])})"
+                if stuck
+                else f"computation {computation.name!r}"
+            )
+            raise DiscoInputError(source, f"{where} is not convex: fusing it would create a cycle")
+
+
+def _check_buckets(plan, module, by_name, source) -> None:
+    gradients = {a.name: a for a in module.gradient_all_reduces}
+    bucket_of: dict[str, int] = {}
+    for index, bucket in enumerate(plan.all_reduce_buckets):
+        if not bucket:
+            raise DiscoInputError(source, f"all-reduce bucket {index} is empty")
+        for name in bucket:
+            if name not in gradients:
+                raise DiscoInputError(
+                    source, f"bucket {index}: {name!r} is not a gradient all-reduce"
+                )
+            if name in bucket_of:
+                raise DiscoInputError(
+                    source, f"{name!r} is in buckets {bucket_of[name]} and {index}"
+                )
+            bucket_of[name] = index
+        kinds = {
+            (
+                by_name[n].shape.leaves()[0].element_type,
+                gradients[n].reduction,
+                gradients[n].group_size,
+                gradients[n].scope,
+                by_name[n].computation.name,
+            )
+            for n in bucket
+        }
+        if len(kinds) > 1:
+            raise DiscoInputError(
+                source,
+                f"bucket {index} mixes all-reduces of different dtype, reduction, device "
+                "groups or computation",
+            )
+    missing = sorted(set(gradients) - set(bucket_of))
+    if missing:
+        raise DiscoInputError(
+            source, f"{len(missing)} gradient all-reduces are in no bucket, e.g. {missing[0]!r}"
+        )
+    # Which buckets each instruction depends on, as a bitset, in topological order.
+    depends: dict[int, int] = {}
+    for computation in module.computations:
+        for instr in computation.topological_order:
+            mask = 0
+            for dep in instr.operands + instr.control_predecessors:
+                mask |= depends.get(id(dep), 0)
+            own = bucket_of.get(instr.name)
+            if own is not None:
+                if mask >> own & 1:
+                    raise DiscoInputError(
+                        source, f"bucket {own} depends on its own result (through {instr.name!r})"
+                    )
+                later = mask >> (own + 1)
+                if later:
+                    first_later = own + (later & -later).bit_length()
+                    raise DiscoInputError(
+                        source,
+                        f"bucket {own} depends on bucket {first_later}, which comes after it",
+                    )
+                mask |= 1 << own
+            depends[id(instr)] = mask
