@@ -1,5 +1,7 @@
 """disco-xla: joint op-fusion and all-reduce bucketing for data-parallel XLA training."""
 
+import glob
+
 from setuptools import find_packages, setup
 
 setup(
@@ -22,5 +24,7 @@ setup(
         "PyYAML==6.0.4",
     ],
     extras_require={"tf": ["tensorflow-cpu==2.21.0"]},
+    # Cluster profiles, found by name at run time (see disco_xla/simulator/profiles.py).
+    data_files=[("share/disco-xla/configs/clusters", glob.glob("configs/clusters/*.yaml"))],
     entry_points={"console_scripts": ["disco-xla=disco_xla.cli:main"]},
 )

@@ -104,6 +104,73 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    if (args.devices or 0) < 0 or (args.processes is not None and args.processes < 2):
+        raise DiscoInputError("calibrate", "--processes needs at least 2 processes")
+    workers = args.processes or args.devices
+    if workers < 2:
+        raise DiscoInputError("calibrate", "an all-reduce needs at least 2 devices")
+    if not 4096 <= args.max_bytes <= 2**31:
+        raise DiscoInputError("calibrate", "--max-bytes must be between 4096 and 2 GiB")
+    import jax
+    import yaml
+
+    jax.config.update("jax_num_cpu_devices", max(workers, 1) if not args.processes else 1)
+    from disco_xla.simulator import calibrate
+
+    sizes = [s for s in calibrate.SIZES_BYTES if s <= args.max_bytes]
+    quiet = args.json or not sys.stderr.isatty()
+    from tqdm import tqdm
+
+    with tqdm(total=len(sizes) + 1, disable=quiet, desc="calibrating", leave=False) as bar:
+        if args.processes:
+            runtime = "multi-process jax.distributed, gloo on loopback"
+            measured = calibrate.measure_multi_process(args.processes, sizes, args.repeats)
+            bar.update(len(sizes))
+        else:
+            runtime = "one process, N CPU devices"
+            measured = calibrate.measure_in_process(
+                workers, sizes, args.repeats, lambda: bar.update(1)
+            )
+        flops, bandwidth = calibrate.measure_device()
+        bar.update(1)
+    fit = calibrate.fit_ring_model(measured, workers)
+    profile = calibrate.cpu_profile(fit, workers, runtime, flops, bandwidth)
+    try:
+        with open(args.output, "w") as file:
+            file.write(
+                "# Written by `disco-xla calibrate`: every figure was measured on this machine.\n"
+            )
+            yaml.safe_dump(profile, file, sort_keys=False)
+    except OSError as error:
+        raise DiscoInputError(args.output, f"cannot write it ({error.strerror})") from None
+    report = {
+        "runtime": runtime,
+        "workers": workers,
+        "alpha_s": fit.alpha_s,
+        "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
+        "max_relative_residual": fit.max_relative_residual,
+        "points": fit.points,
+        "peak_flops_f32": flops,
+        "memory_bandwidth_bytes_per_s": bandwidth,
+        "profile": args.output,
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"all-reduce over {workers} workers ({runtime}):")
+        alpha_us, bandwidth_gb_s = fit.alpha_s * 1e6, fit.bandwidth_bytes_per_s / 1e9
+        print(f"  alpha {alpha_us:.1f} us per step, B {bandwidth_gb_s:.3f} GB/s")
+        for point in fit.points:
+            print(
+                f"  {point['bytes']:>11,} B  measured {point['measured_s'] * 1e3:9.3f} ms  "
+                f"fitted {point['fitted_s'] * 1e3:9.3f} ms  ({point['relative_residual']:+.0%})"
+            )
+        print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
+        print(f"wrote {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--verbose", action="store_true", help="show a traceback on errors")
@@ -149,6 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("-o", "--output", help="where to write the module (.pb, .txt, ...)")
     capture.add_argument("--json", action="store_true", help="print one JSON object, no progress")
     capture.set_defaults(run=_capture)
+
+    calibrate = commands.add_parser(
+        "calibrate", parents=[common], help="measure all-reduce times and fit alpha and B"
+    )
+    where = calibrate.add_mutually_exclusive_group()
+    where.add_argument("--devices", type=int, default=2, help="CPU devices in this process")
+    where.add_argument("--processes", type=int, help="jax.distributed processes on loopback")
+    calibrate.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message")
+    calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per size")
+    calibrate.add_argument("--json", action="store_true", help="print one JSON object")
+    calibrate.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
+    calibrate.set_defaults(run=_calibrate)
     return parser
 
 

@@ -1,0 +1,210 @@
+"""`disco-xla calibrate`: measure all-reduce times on the current runtime and fit
+the ring model's alpha (latency per step) and B (bandwidth) by least squares.
+
+T(S) = 2(p-1)·alpha + 2(p-1)/p · S/B is linear in (alpha, 1/B), so an ordinary
+least-squares fit over sizes from 4 KB to 256 MB gives both. Two runtimes:
+N CPU devices in one process, or N `jax.distributed` processes on loopback (gloo).
+The same run measures this machine's f32 matmul rate and memory bandwidth, and
+writes a `cpu-threads` profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
+_RESULT_MARK = "disco-xla-calibration: "
+
+
+@dataclass(frozen=True)
+class Fit:
+    alpha_s: float
+    bandwidth_bytes_per_s: float
+    points: list[dict]  # bytes, measured_s, fitted_s, relative_residual
+
+    @property
+    def max_relative_residual(self) -> float:
+        return max(abs(p["relative_residual"]) for p in self.points)
+
+
+def fit_ring_model(measured: list[tuple[int, float]], workers: int) -> Fit:
+    """Least squares of T = 2(p-1)·alpha + 2(p-1)/p·S·(1/B), weighted so that each
+    point counts by its relative error (small messages matter as much as large)."""
+    steps = 2 * (workers - 1)
+    sizes = np.array([s for s, _ in measured], float)
+    times = np.array([t for _, t in measured], float)
+    design = np.stack([np.full_like(sizes, steps), steps / workers * sizes], axis=1)
+    weights = 1.0 / times
+    (alpha, inverse_bandwidth), *_ = np.linalg.lstsq(
+        design * weights[:, None], times * weights, rcond=None
+    )
+    alpha = max(float(alpha), 0.0)
+    inverse_bandwidth = max(float(inverse_bandwidth), 1e-15)
+    fitted = design @ np.array([alpha, inverse_bandwidth])
+    points = [
+        {
+            "bytes": int(s),
+            "measured_s": float(t),
+            "fitted_s": float(f),
+            "relative_residual": float((f - t) / t),
+        }
+        for s, t, f in zip(sizes, times, fitted, strict=True)
+    ]
+    return Fit(alpha, 1.0 / inverse_bandwidth, points)
+
+
+def _median_time(fn: Callable[[], object], repeats: int) -> float:
+    for _ in range(3):  # compile, and let the collectives set up their connections
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _time_call(fn: Callable, argument, repeats: int) -> float:
+    return _median_time(lambda: fn(argument).block_until_ready(), repeats)
+
+
+def measure_in_process(
+    devices: int, sizes: list[int], repeats: int, tick: Callable[[], None] = lambda: None
+) -> list[tuple[int, float]]:
+    """All-reduce (psum) times over `devices` CPU devices of this process."""
+    import jax
+    import jax.numpy as jnp
+
+    chosen = jax.devices("cpu")[:devices]
+    if len(chosen) < devices:
+        raise RuntimeError(f"need {devices} CPU devices, JAX has {len(chosen)}")
+    reduce = jax.pmap(lambda x: jax.lax.psum(x, "d"), axis_name="d", devices=chosen)
+    fill = jax.pmap(
+        lambda i, n: jnp.full((n,), i, jnp.float32), static_broadcasted_argnums=1, devices=chosen
+    )
+    measured = []
+    for size in sizes:
+        data = fill(jnp.arange(devices, dtype=jnp.float32), size // 4)
+        measured.append((size, _time_call(reduce, data, repeats)))
+        tick()
+    return measured
+
+
+def measure_device(repeats: int = 5) -> tuple[float, float]:
+    """(f32 matmul FLOP/s, memory bandwidth bytes/s) of one CPU device."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 2048
+    a = jnp.ones((n, n), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    flops = 2 * n**3 / _median_time(lambda: matmul(a).block_until_ready(), repeats)
+    big = jnp.ones((64 * 2**20,), jnp.float32)  # 256 MB
+    scale = jax.jit(lambda x: x * 1.5)
+    bandwidth = 2 * big.nbytes / _median_time(lambda: scale(big).block_until_ready(), repeats)
+    return flops, bandwidth
+
+
+def measure_multi_process(
+    processes: int, sizes: list[int], repeats: int, timeout_s: float = 900
+) -> list[tuple[int, float]]:
+    """All-reduce times over `processes` jax.distributed processes on loopback."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "disco_xla.simulator.calibrate", "--worker"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    workers = [
+        subprocess.Popen(
+            [*command, str(rank), str(processes), str(port), str(repeats), *map(str, sizes)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(processes)
+    ]
+    deadline = time.monotonic() + timeout_s
+    try:
+        outputs = [w.communicate(timeout=max(1.0, deadline - time.monotonic())) for w in workers]
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"the {processes} calibration processes did not finish in {timeout_s:.0f} s"
+        ) from None
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+    for rank, (worker, (_, err)) in enumerate(zip(workers, outputs, strict=True)):
+        if worker.returncode != 0:
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"calibration process {rank} failed: {last}")
+    # gloo prints its own status lines to stdout; ours is the marked one.
+    marked = [line for line in outputs[0][0].splitlines() if line.startswith(_RESULT_MARK)]
+    if not marked:
+        raise RuntimeError("calibration process 0 reported no result")
+    return [tuple(point) for point in json.loads(marked[-1][len(_RESULT_MARK) :])]
+
+
+def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]) -> None:
+    """One jax.distributed process: psum over a mesh of one CPU device per process."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=processes, process_id=rank)
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    reduce = jax.jit(
+        jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=mesh, in_specs=P("d"), out_specs=P())
+    )
+    measured = []
+    for size in sizes:
+        local = np.full((size // 4,), rank, np.float32)
+        data = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
+        measured.append((size, _time_call(reduce, data, repeats)))
+    jax.distributed.shutdown()
+    if rank == 0:
+        print(_RESULT_MARK + json.dumps(measured), flush=True)
+
+
+def cpu_profile(fit: Fit, workers: int, runtime: str, flops: float, bandwidth: float) -> dict:
+    """The `cpu-threads` profile of this machine as a plain mapping for YAML."""
+    link = {"bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "latency_s": fit.alpha_s}
+    return {
+        "name": "cpu-local",
+        "description": (
+            f"this machine, calibrated by `disco-xla calibrate` ({runtime}, {workers} workers)"
+        ),
+        "execution": "cpu-threads",
+        "compute_threads": os.cpu_count() or 1,
+        "device": {
+            "name": "host CPU",
+            "peak_flops": {"f32": float(flops)},
+            "memory_bandwidth_bytes_per_s": float(bandwidth),
+            "kernel_launch_s": 2.0e-6,
+        },
+        "topology": {"devices_per_node": workers, "nodes": 1},
+        "links": {"intra_node": dict(link), "inter_node": dict(link)},
+        "all_reduce": "ring",
+        "calibration": {
+            "runtime": runtime,
+            "max_relative_residual": fit.max_relative_residual,
+            "points": fit.points,
+        },
+    }
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    rank, processes, port, repeats, *sizes = map(int, sys.argv[2:])
+    _worker(rank, processes, port, repeats, sizes)

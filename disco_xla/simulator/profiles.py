@@ -1,0 +1,191 @@
+"""Cluster and hardware profiles: what the simulator knows about the machines.
+
+A profile is a YAML file (`configs/clusters/NAME.yaml`, or any path). It gives:
+
+- `execution`: `gpu-streams` (one compute stream plus communication streams) or
+  `cpu-threads` (K executor threads; a blocking collective occupies one);
+- `device`: peak FLOP/s per dtype, memory bandwidth, kernel launch overhead;
+- `topology`: devices per node and nodes (their product is the number of workers);
+- `links`: bandwidth and latency inside a node and between nodes;
+- `all_reduce`: `ring` or `hierarchical`;
+- optionally `overlap` (false when collectives never run beside compute),
+  `communication_streams`, `compute_threads`, and `efficiency` factors per op class
+  for the roofline.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from disco_xla.errors import DiscoInputError
+
+_REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "clusters"
+_INSTALLED_CONFIGS = Path(sys.prefix) / "share" / "disco-xla" / "configs" / "clusters"
+
+
+def profile_directories() -> list[Path]:
+    """Where named profiles are looked up, first match wins."""
+    extra = os.environ.get("DISCO_XLA_PROFILES")
+    return [Path(p) for p in ([extra] if extra else [])] + [_REPO_CONFIGS, _INSTALLED_CONFIGS]
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    name: str
+    execution: str  # 'gpu-streams' or 'cpu-threads'
+    device_name: str
+    peak_flops: dict[str, float]  # per dtype name ('f32', 'bf16', ...)
+    memory_bandwidth_bytes_per_s: float
+    kernel_launch_s: float
+    devices_per_node: int
+    nodes: int
+    intra_node: Link
+    inter_node: Link
+    all_reduce: str  # 'ring' or 'hierarchical'
+    overlap: bool = True
+    communication_streams: int = 1
+    compute_threads: int = 1
+    efficiency: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def workers(self) -> int:
+        return self.devices_per_node * self.nodes
+
+
+_REQUIRED = {
+    "name": str,
+    "execution": str,
+    "device": dict,
+    "topology": dict,
+    "links": dict,
+    "all_reduce": str,
+}
+_OPTIONAL = {
+    "overlap": bool,
+    "communication_streams": int,
+    "compute_threads": int,
+    "efficiency": dict,
+    "description": str,
+    "calibration": dict,
+}
+
+
+def available_profiles() -> list[str]:
+    names = set()
+    for directory in profile_directories():
+        if directory.is_dir():
+            names.update(p.stem for p in directory.glob("*.yaml"))
+    return sorted(names)
+
+
+def load_profile(name_or_path: str) -> ClusterProfile:
+    """A profile by name (see `available_profiles`) or by path to a YAML file."""
+    path = Path(name_or_path)
+    if not (name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path):
+        for directory in profile_directories():
+            candidate = directory / f"{name_or_path}.yaml"
+            if candidate.is_file():
+                path = candidate
+                break
+        else:
+            raise DiscoInputError(
+                name_or_path,
+                f"unknown cluster profile; choose from {', '.join(available_profiles())} "
+                "or give a path to a YAML file",
+            )
+    if not path.is_file():
+        raise DiscoInputError(str(path), "no such profile file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        problem = " ".join(str(error).split())[:200]
+        raise DiscoInputError(str(path), f"not a valid YAML profile ({problem})") from None
+    return profile_from_dict(data, str(path))
+
+
+def profile_from_dict(data, source: str) -> ClusterProfile:
+    """Validate a parsed profile; the first bad or missing key is reported."""
+    if not isinstance(data, dict):
+        raise DiscoInputError(source, "a profile must be a YAML mapping")
+    for key, kind in _REQUIRED.items():
+        if key not in data:
+            raise DiscoInputError(source, f"missing key {key!r}")
+        _expect(data[key], kind, key, source)
+    for key in data:
+        if key not in _REQUIRED and key not in _OPTIONAL:
+            raise DiscoInputError(source, f"unknown key {key!r}")
+        if key in _OPTIONAL:
+            _expect(data[key], _OPTIONAL[key], key, source)
+    if data["execution"] not in ("gpu-streams", "cpu-threads"):
+        raise DiscoInputError(source, "bad key 'execution': use gpu-streams or cpu-threads")
+    if data["all_reduce"] not in ("ring", "hierarchical"):
+        raise DiscoInputError(source, "bad key 'all_reduce': use ring or hierarchical")
+    device, topology, links = data["device"], data["topology"], data["links"]
+    peak = _number_map(device, "peak_flops", "device.peak_flops", source)
+    return ClusterProfile(
+        name=data["name"],
+        execution=data["execution"],
+        device_name=str(device.get("name", "")),
+        peak_flops=peak,
+        memory_bandwidth_bytes_per_s=_positive(
+            device, "memory_bandwidth_bytes_per_s", "device", source
+        ),
+        kernel_launch_s=_positive(device, "kernel_launch_s", "device", source, allow_zero=True),
+        devices_per_node=int(_positive(topology, "devices_per_node", "topology", source)),
+        nodes=int(_positive(topology, "nodes", "topology", source)),
+        intra_node=_link(links, "intra_node", source),
+        inter_node=_link(links, "inter_node", source),
+        all_reduce=data["all_reduce"],
+        overlap=data.get("overlap", True),
+        communication_streams=data.get("communication_streams", 1),
+        compute_threads=data.get("compute_threads", 1),
+        efficiency=_number_map(data, "efficiency", "efficiency", source)
+        if "efficiency" in data
+        else {},
+        source=source,
+    )
+
+
+def _expect(value, kind, key: str, source: str) -> None:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise DiscoInputError(source, f"bad key {key!r}: expected a {kind.__name__}")
+
+
+def _positive(mapping: dict, key: str, where: str, source: str, allow_zero: bool = False) -> float:
+    value = mapping.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DiscoInputError(source, f"bad or missing key '{where}.{key}': expected a number")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise DiscoInputError(source, f"bad key '{where}.{key}': must be positive")
+    return float(value)
+
+
+def _number_map(mapping: dict, key: str, where: str, source: str) -> dict[str, float]:
+    values = mapping.get(key)
+    if not isinstance(values, dict) or not values:
+        raise DiscoInputError(
+            source, f"bad or missing key {where!r}: expected a mapping of numbers"
+        )
+    return {str(k): _positive(values, k, where, source) for k in values}
+
+
+def _link(links: dict, key: str, source: str) -> Link:
+    link = links.get(key)
+    if not isinstance(link, dict):
+        raise DiscoInputError(source, f"bad or missing key 'links.{key}'")
+    return Link(
+        bandwidth_bytes_per_s=_positive(link, "bandwidth_bytes_per_s", f"links.{key}", source),
+        latency_s=_positive(link, "latency_s", f"links.{key}", source, allow_zero=True),
+    )

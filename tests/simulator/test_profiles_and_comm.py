@@ -1,0 +1,112 @@
+"""Cluster profiles, the all-reduce model, and calibration on this machine."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from disco_xla import DiscoInputError
+from disco_xla.simulator.calibrate import fit_ring_model
+from disco_xla.simulator.comm import all_reduce_s, ring_all_reduce_s
+from disco_xla.simulator.profiles import Link, available_profiles, load_profile
+from tests.conftest import run_cli
+
+SHIPPED = ["a100-2x8-100g", "cpu-local", "h200-1x8-nvlink", "h200-8x8-ib400", "v100-2x8-25g"]
+
+
+def test_every_shipped_profile_loads():
+    assert set(SHIPPED) <= set(available_profiles())
+    for name in SHIPPED:
+        profile = load_profile(name)
+        assert profile.name == name and profile.workers >= 2
+        assert all(value > 0 for value in profile.peak_flops.values())
+    assert load_profile("cpu-local").execution == "cpu-threads"
+    assert load_profile("h200-8x8-ib400").workers == 64
+
+
+def test_ring_formula():
+    link = Link(bandwidth_bytes_per_s=1e9, latency_s=1e-5)
+    # 2(p-1)·alpha + 2(p-1)/p · S/B with p = 4, S = 1 MB
+    assert ring_all_reduce_s(1e6, 4, link) == pytest.approx(6 * 1e-5 + 1.5 * 1e-3)
+    assert ring_all_reduce_s(1e6, 1, link) == 0.0
+
+
+def test_hierarchical_beats_a_flat_ring_over_a_slow_network():
+    hierarchical = load_profile("v100-2x8-25g")
+    flat = hierarchical.__class__(**{**hierarchical.__dict__, "all_reduce": "ring"})
+    size = 100e6
+    assert all_reduce_s(size, hierarchical) < all_reduce_s(size, flat)
+    inside = 2 * (7 * 5e-6 + 7 / 8 * size / 150e9)
+    across = 2 * 25e-6 + size / 8 / 3.125e9
+    assert all_reduce_s(size, hierarchical) == pytest.approx(inside + across)
+
+
+def test_unknown_profile_name_lists_the_valid_ones():
+    with pytest.raises(DiscoInputError, match="unknown cluster profile; choose from a100-2x8-100g"):
+        load_profile("tpu-v9")
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda d: d.pop("links"), "missing key 'links'"),
+        (lambda d: d.update(colour="blue"), "unknown key 'colour'"),
+        (lambda d: d["device"]["peak_flops"].update(f32="fast"), "device.peak_flops.f32"),
+        (lambda d: d.update(all_reduce="tree"), "bad key 'all_reduce'"),
+        (lambda d: d["topology"].update(nodes=0), "topology.nodes"),
+    ],
+)
+def test_a_malformed_profile_names_the_bad_key(tmp_path, edit, problem):
+    data = yaml.safe_load(open(load_profile("a100-2x8-100g").source).read())
+    edit(data)
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(DiscoInputError) as raised:
+        load_profile(str(path))
+    assert problem in str(raised.value) and str(path) in str(raised.value)
+
+
+def test_the_fit_recovers_alpha_and_bandwidth_from_exact_times():
+    alpha, bandwidth, workers = 50e-6, 2e9, 4
+    link = Link(bandwidth, alpha)
+    measured = [(s, ring_all_reduce_s(s, workers, link)) for s in (4096 * 4**k for k in range(9))]
+    fit = fit_ring_model(measured, workers)
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(bandwidth, rel=1e-6)
+    assert fit.max_relative_residual < 1e-6
+
+
+@pytest.mark.parametrize("where", [["--devices", "2"], ["--processes", "2"]])
+def test_calibrate_measures_fits_and_writes_a_loadable_profile(tmp_path, where):
+    path = tmp_path / "here.yaml"
+    result = run_cli(
+        "calibrate",
+        *where,
+        "--max-bytes",
+        "262144",
+        "--repeats",
+        "3",
+        "--json",
+        "-o",
+        str(path),
+        timeout_s=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert [p["bytes"] for p in report["points"]] == [4096, 16384, 65536, 262144]
+    assert all(p["measured_s"] > 0 for p in report["points"])
+    assert report["alpha_s"] >= 0 and report["bandwidth_bytes_per_s"] > 0
+    assert report["workers"] == 2
+    profile = load_profile(str(path))
+    assert profile.intra_node.bandwidth_bytes_per_s == pytest.approx(
+        report["bandwidth_bytes_per_s"]
+    )
+    assert math.isclose(profile.peak_flops["f32"], report["peak_flops_f32"])
+
+
+def test_calibrate_refuses_a_single_worker():
+    result = run_cli("calibrate", "--devices", "1")
+    assert result.returncode == 2 and "at least 2" in result.stderr
