@@ -22,6 +22,7 @@ setup(
         "optax==0.2.8",
         "tqdm==4.70.1",
         "PyYAML==6.0.4",
+        "matplotlib==3.11.2",
     ],
     extras_require={"tf": ["tensorflow-cpu==2.21.0"]},
     # Cluster profiles, found by name at run time (see disco_xla/simulator/profiles.py).

@@ -171,6 +171,61 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.plan import Plan, verify_plan
+    from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
+    from disco_xla.simulator.events import chrome_trace, plot_gantt, simulate
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.profiles import load_profile
+
+    module = load_module(args.file)
+    profile = load_profile(args.cluster)
+    if args.plan == "none":
+        plan = Plan.unfused(module)
+    else:
+        try:
+            with open(args.plan) as file:
+                text = file.read()
+        except OSError as error:
+            raise DiscoInputError(args.plan, f"cannot read the plan ({error.strerror})") from None
+        plan = Plan.from_json(text, args.plan)
+    verify_plan(plan, module, source=args.plan)
+    cost_model = RooflineCostModel(profile)
+    if args.cost_model == "table":
+        if not args.table:
+            raise DiscoInputError("simulate", "--cost-model table needs --table TIMES.json")
+        cost_model = TableCostModel.load(args.table, fallback=cost_model)
+    result = simulate(build_task_graph(module, plan), profile, cost_model)
+    summary = {"plan": args.plan, "cluster": profile.name, **result.summary()}
+    if isinstance(cost_model, TableCostModel):
+        summary["table_misses"] = cost_model.misses
+    if args.trace:
+        with open(args.trace, "w") as file:
+            json.dump(chrome_trace(result), file)
+    if args.plot:
+        plot_gantt({args.plan: result}, args.plot)
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    milli = 1e3
+    print(
+        f"{module.name} on {profile.name} ({profile.workers} workers, {summary['execution']}), "
+        f"plan {args.plan}, cost model {summary['cost_model']}"
+    )
+    print(
+        f"  iteration      {result.iteration_s * milli:.3f} ms  "
+        f"(T/T_ideal {result.t_over_ideal:.2f}, ideal {result.ideal_s * milli:.3f} ms)"
+    )
+    print(f"  compute busy   {result.compute_s * milli:.3f} ms in {result.kernels} kernels")
+    print(
+        f"  comm busy      {result.comm_s * milli:.3f} ms in {result.buckets} buckets, "
+        f"{result.exposed_comm_s * milli:.3f} ms exposed ({result.overlap_ratio:.0%} overlapped)"
+    )
+    print(f"  critical path  {' -> '.join(result.critical_path[-6:])}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--verbose", action="store_true", help="show a traceback on errors")
@@ -228,6 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--json", action="store_true", help="print one JSON object")
     calibrate.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
     calibrate.set_defaults(run=_calibrate)
+
+    simulate = commands.add_parser(
+        "simulate", parents=[common], help="simulate one training iteration of a plan"
+    )
+    simulate.add_argument("file", help="HLO module of a data-parallel training step")
+    simulate.add_argument("--cluster", required=True, help="profile name or YAML path")
+    simulate.add_argument("--plan", default="none", help="'none' or a PLAN.json")
+    simulate.add_argument("--cost-model", choices=["roofline", "table"], default="roofline")
+    simulate.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
+    simulate.add_argument("--json", action="store_true", help="print one JSON object")
+    simulate.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+    simulate.add_argument("--plot", help="write a PNG Gantt chart here")
+    simulate.set_defaults(run=_simulate)
     return parser
 
 

@@ -1,0 +1,102 @@
+"""Fused-kernel cost models behind one interface.
+
+- `RooflineCostModel`: max(flops / (peak · e_compute), bytes / (bandwidth · e_memory))
+  + launch overhead, with per-op-class efficiency factors from the profile;
+- `TableCostModel`: measured times keyed by the kernel's structural hash, falling
+  back to the roofline for kernels it has not seen (and counting them).
+
+The GNN model (a later issue) plugs in behind the same interface.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.simulator.kernels import Kernel, TaskGraph
+from disco_xla.simulator.profiles import ClusterProfile
+
+# A kernel cost function: kernel -> predicted seconds.
+KernelCostFn = Callable[[Kernel], float]
+
+# Default fraction of peak reached, by the most expensive op class in a kernel.
+DEFAULT_EFFICIENCY = {"dot": 0.7, "convolution": 0.6, "reduce": 0.5, "elementwise": 0.5}
+
+
+class CostModel(Protocol):
+    name: str
+
+    def kernel_s(self, kernel: Kernel) -> float:
+        """Predicted time of one kernel, in seconds."""
+        ...
+
+    def kernels_s(self, graph: TaskGraph) -> list[float]:
+        """Predicted times of all the graph's kernels, batched."""
+        ...
+
+
+class RooflineCostModel:
+    name = "roofline"
+
+    def __init__(self, profile: ClusterProfile):
+        self.profile = profile
+        self.efficiency = {**DEFAULT_EFFICIENCY, **profile.efficiency}
+
+    def kernel_s(self, kernel: Kernel) -> float:
+        profile = self.profile
+        peak = profile.peak_flops.get(kernel.element_type) or profile.peak_flops.get(
+            "f32", next(iter(profile.peak_flops.values()))
+        )
+        efficiency = self.efficiency[kernel.op_class]
+        compute_s = kernel.flops / (peak * efficiency)
+        memory_s = kernel.bytes / (profile.memory_bandwidth_bytes_per_s * efficiency)
+        return max(compute_s, memory_s) + profile.kernel_launch_s
+
+    def kernels_s(self, graph: TaskGraph) -> list[float]:
+        """The same formula over arrays of every kernel's FLOPs and bytes."""
+        arrays = graph.kernel_arrays
+        profile = self.profile
+        default_peak = profile.peak_flops.get("f32", next(iter(profile.peak_flops.values())))
+        peak = np.array([profile.peak_flops.get(t, default_peak) for t in arrays.element_types])
+        efficiency = np.array([self.efficiency[c] for c in arrays.op_classes])
+        per_kernel_peak = peak[arrays.element_type_index] * efficiency[arrays.op_class_index]
+        per_kernel_bandwidth = (
+            profile.memory_bandwidth_bytes_per_s * efficiency[arrays.op_class_index]
+        )
+        seconds = np.maximum(arrays.flops / per_kernel_peak, arrays.bytes / per_kernel_bandwidth)
+        return (seconds + profile.kernel_launch_s).tolist()
+
+
+class TableCostModel:
+    """Measured kernel times: a JSON object {structural hash: seconds}."""
+
+    name = "table"
+
+    def __init__(self, times_s: dict[str, float], fallback: CostModel):
+        self.times_s = times_s
+        self.fallback = fallback
+        self.misses = 0
+
+    @classmethod
+    def load(cls, path: str, fallback: CostModel) -> TableCostModel:
+        try:
+            with open(path) as file:
+                data = json.load(file)
+            times = {str(k): float(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError, TypeError) as error:
+            raise DiscoInputError(path, f"not a kernel time table ({error})") from None
+        return cls(times, fallback)
+
+    def kernels_s(self, graph: TaskGraph) -> list[float]:
+        return [self.kernel_s(k) for k in graph.kernels]
+
+    def kernel_s(self, kernel: Kernel) -> float:
+        measured = self.times_s.get(kernel.structural_hash)
+        if measured is not None:
+            return measured
+        self.misses += 1
+        return self.fallback.kernel_s(kernel)

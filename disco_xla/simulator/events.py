@@ -1,0 +1,376 @@
+"""The event simulator: one training iteration of a plan, task by task.
+
+Two execution models, chosen by the profile:
+
+- `gpu-streams`: one in-order compute stream runs the kernels in a topological
+  order; buckets run in plan order on the communication stream(s), each starting
+  when all its gradients are produced and its stream is free; a kernel that reads
+  an all-reduce result waits for its bucket. A bucket of several gradients costs
+  a concatenation copy before it and a split copy after it on the compute stream
+  (memory-bound: bytes read and written at memory bandwidth). Collectives that are
+  not gradient buckets (a loss mean) run on a stream of their own.
+- `cpu-threads`: K executor threads take ready tasks in priority order; a
+  collective occupies its thread for its whole duration (XLA:CPU has no
+  asynchronous collectives). With `overlap: false` everything runs one at a time.
+
+Iteration time is the finish time of the last task. Exposed communication is the
+time communication runs while no compute does. T_ideal = max(C, A), C the sum of
+kernel times, A one all-reduce of every gradient byte.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+from disco_xla.simulator.comm import CommCostFn, all_reduce_s
+from disco_xla.simulator.cost_models import CostModel
+from disco_xla.simulator.kernels import TaskGraph
+from disco_xla.simulator.profiles import ClusterProfile
+
+
+class Event(NamedTuple):
+    name: str
+    lane: str  # 'compute', 'comm 0', 'thread 1', ...
+    kind: str  # 'kernel', 'all-reduce', 'copy'
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    iteration_s: float
+    compute_s: float  # busy time of kernels and copies
+    comm_s: float  # busy time of collectives
+    exposed_comm_s: float
+    overlap_ratio: float  # share of communication hidden behind compute
+    ideal_s: float
+    t_over_ideal: float
+    critical_path: tuple[str, ...]
+    cost_model: str
+    execution: str
+    kernels: int
+    buckets: int  # gradient buckets of the plan
+    collectives: int  # buckets and other collectives (such as a loss mean)
+    spans: tuple[tuple, ...]  # the events as plain tuples, in Event's field order
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return tuple(Event._make(span) for span in self.spans)
+
+    def summary(self) -> dict:
+        """Everything but the events, for JSON."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "spans"}
+        data["critical_path"] = list(self.critical_path)
+        return data
+
+
+def simulate(
+    graph: TaskGraph,
+    profile: ClusterProfile,
+    cost_model: CostModel,
+    comm_cost: CommCostFn = all_reduce_s,
+) -> SimulationResult:
+    """Simulate one iteration. Garbage collection pauses meanwhile: the run only
+    allocates, and a large module makes every collection slow."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(graph, profile, cost_model, comm_cost)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _simulate(graph, profile, cost_model, comm_cost) -> SimulationResult:
+    kernel_s = cost_model.kernels_s(graph)
+    comm_task_s = [comm_cost(size, profile) for _, size, _ in graph.communications]
+    copy_s = [
+        (2 * size / profile.memory_bandwidth_bytes_per_s + profile.kernel_launch_s)
+        if len(members) > 1
+        else 0.0
+        for _, size, members in graph.communications
+    ]
+    if profile.execution == "gpu-streams":
+        events, finish, bound = _run_streams(graph, kernel_s, comm_task_s, copy_s, profile)
+    else:
+        events, finish, bound = _run_threads(graph, kernel_s, comm_task_s, copy_s, profile)
+    iteration_s = max((span[4] for span in events), default=0.0)
+    compute = [(span[3], span[4]) for span in events if span[2] != "all-reduce"]
+    comm = [(span[3], span[4]) for span in events if span[2] == "all-reduce"]
+    comm_s = sum(end - start for start, end in comm)
+    exposed = _length(_merge(comm)) - _length(_intersect(_merge(comm), _merge(compute)))
+    gradient_bytes = sum(
+        size
+        for (_, size, _), bucket in zip(graph.communications, graph.is_bucket, strict=True)
+        if bucket
+    )
+    compute_total = sum(end - start for start, end in compute)
+    ideal = max(sum(kernel_s), comm_cost(gradient_bytes, profile))
+    return SimulationResult(
+        iteration_s=iteration_s,
+        compute_s=compute_total,
+        comm_s=comm_s,
+        exposed_comm_s=max(exposed, 0.0),
+        overlap_ratio=1 - exposed / comm_s if comm_s > 0 else 1.0,
+        ideal_s=ideal,
+        t_over_ideal=iteration_s / ideal if ideal > 0 else 1.0,
+        critical_path=_critical_path(graph, finish, bound),
+        cost_model=cost_model.name,
+        execution=profile.execution + ("" if profile.overlap else " (no overlap)"),
+        kernels=len(graph.kernels),
+        buckets=sum(graph.is_bucket),
+        collectives=len(graph.communications),
+        spans=tuple(events),
+    )
+
+
+def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
+    kernels, comms = len(graph.kernels), len(graph.communications)
+    dependencies = graph.dependencies
+    finish: list[float | None] = [None] * (kernels + comms)
+    bound: list[int | None] = [None] * (kernels + comms)  # the task that set the start
+    events: list[tuple] = []  # Event fields, as plain tuples while running
+    compute_free, last_compute = 0.0, None
+    streams = max(1, profile.communication_streams)
+    comm_free = [0.0] * (streams + 1)  # the extra stream serves non-bucket collectives
+    last_on_stream: list[int | None] = [None] * (streams + 1)
+    # Kernels run in order, so a kernel only ever waits on communication; a
+    # collective waits for its last producing kernel (and any collective before it).
+    kernel_waits_on = graph.kernel_waits_on
+    comm_waits_on = graph.comm_waits_on
+    last_producer = graph.last_producer
+    concat_after: dict[int, list[int]] = {}
+    for c in range(comms):
+        if copy_s[c] > 0:
+            concat_after.setdefault(last_producer[c], []).append(c)
+    concat_end: dict[int, float] = {}
+    split_done: set[int] = set()
+    names = [k.name for k in graph.kernels]
+    comm_names = [name for name, _, _ in graph.communications]
+
+    def run_concats(after: int) -> None:
+        nonlocal compute_free
+        for c in concat_after.get(after, ()):
+            start = max([compute_free] + [finish[d] for d in dependencies[kernels + c]])
+            end = start + copy_s[c]
+            events.append((f"concat {comm_names[c]}", "compute", "copy", start, end))
+            compute_free = concat_end[c] = end
+
+    run_concats(-1)
+    next_kernel = next_comm = bucket_index = 0
+    while next_kernel < kernels or next_comm < comms:
+        progressed = False
+        while next_kernel < kernels:
+            waits = kernel_waits_on[next_kernel]
+            if waits and any(finish[d] is None for d in waits):
+                break
+            for dep in waits:  # split the buckets this kernel reads
+                c = dep - kernels
+                if copy_s[c] > 0 and dep not in split_done:
+                    start = max(compute_free, finish[dep])
+                    events.append(
+                        (f"split {comm_names[c]}", "compute", "copy", start, start + copy_s[c])
+                    )
+                    compute_free = start + copy_s[c]
+                    split_done.add(dep)
+            start, who = compute_free, last_compute
+            for dep in dependencies[next_kernel]:
+                if finish[dep] > start:
+                    start, who = finish[dep], dep
+            end = start + kernel_s[next_kernel]
+            finish[next_kernel], bound[next_kernel] = end, who
+            events.append((names[next_kernel], "compute", "kernel", start, end))
+            compute_free, last_compute = end, next_kernel
+            if next_kernel in concat_after:
+                run_concats(next_kernel)
+            next_kernel += 1
+            progressed = True
+        while next_comm < comms:
+            if last_producer[next_comm] >= next_kernel or any(
+                finish[d] is None for d in comm_waits_on[next_comm]
+            ):
+                break
+            task = kernels + next_comm
+            if graph.is_bucket[next_comm]:
+                stream = bucket_index % streams
+                bucket_index += 1
+            else:
+                stream = streams
+            start, who = (
+                max(comm_free[stream], concat_end.get(next_comm, 0.0)),
+                last_on_stream[stream],
+            )
+            for dep in dependencies[task]:
+                if finish[dep] > start:
+                    start, who = finish[dep], dep
+            end = start + comm_task_s[next_comm]
+            finish[task], bound[task] = end, who
+            lane = f"comm {stream}" if stream < streams else "comm (other)"
+            events.append((comm_names[next_comm], lane, "all-reduce", start, end))
+            comm_free[stream], last_on_stream[stream] = end, task
+            next_comm += 1
+            progressed = True
+        if not progressed:
+            raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
+    return events, finish, bound
+
+
+def _run_threads(graph, kernel_s, comm_task_s, copy_s, profile):
+    kernels, comms = len(graph.kernels), len(graph.communications)
+    total = kernels + comms
+    duration = kernel_s + [c + 2 * k for c, k in zip(comm_task_s, copy_s, strict=True)]
+    threads = max(1, profile.compute_threads) if profile.overlap else 1
+    users: list[list[int]] = [[] for _ in range(total)]
+    waiting = [len(deps) for deps in graph.dependencies]
+    for task, deps in enumerate(graph.dependencies):
+        for dep in deps:
+            users[dep].append(task)
+    # Kernels in their order; a collective as soon as its last producer has run.
+    priority = list(range(kernels)) + [producer + 0.5 for producer in graph.last_producer]
+    ready = [(priority[t], t) for t in range(total) if waiting[t] == 0]
+    heapq.heapify(ready)
+    running: list[tuple[float, int, int]] = []  # (finish, task, thread)
+    free_threads = list(range(threads))
+    finish: list[float | None] = [None] * total
+    bound: list[int | None] = [None] * total
+    last_on_thread: list[int | None] = [None] * threads
+    events: list[tuple] = []  # Event fields, as plain tuples while running
+    now = 0.0
+    while ready or running:
+        while ready and free_threads:
+            _, task = heapq.heappop(ready)
+            thread = free_threads.pop(0)
+            end = now + duration[task]
+            deps = graph.dependencies[task]
+            latest = max(deps, key=lambda d: finish[d], default=None)
+            bound[task] = (
+                latest if latest is not None and finish[latest] >= now else last_on_thread[thread]
+            )
+            finish[task] = end
+            is_kernel = task < kernels
+            name = (
+                graph.kernels[task].name if is_kernel else graph.communications[task - kernels][0]
+            )
+            events.append(
+                (name, f"thread {thread}", "kernel" if is_kernel else "all-reduce", now, end)
+            )
+            heapq.heappush(running, (end, task, thread))
+        if not running:
+            break
+        now, task, thread = heapq.heappop(running)
+        free_threads.append(thread)
+        free_threads.sort()
+        last_on_thread[thread] = task
+        for user in users[task]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (priority[user], user))
+    if any(f is None for f in finish):
+        raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
+    return events, finish, bound
+
+
+def _critical_path(graph: TaskGraph, finish, bound) -> tuple[str, ...]:
+    if not finish:
+        return ()
+    kernels = len(graph.kernels)
+    task = max(range(len(finish)), key=lambda t: finish[t])
+    path = []
+    seen = set()
+    while task is not None and task not in seen:
+        seen.add(task)
+        path.append(
+            graph.kernels[task].name if task < kernels else graph.communications[task - kernels][0]
+        )
+        task = bound[task]
+    return tuple(reversed(path))
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _intersect(first, second) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(first) and j < len(second):
+        start = max(first[i][0], second[j][0])
+        end = min(first[i][1], second[j][1])
+        if start < end:
+            out.append((start, end))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _length(intervals) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def chrome_trace(result: SimulationResult) -> dict:
+    """The events as a Chrome / Perfetto trace (open it in ui.perfetto.dev)."""
+    lanes = sorted({e.lane for e in result.events}, key=lambda lane: (lane != "compute", lane))
+    lane_id = {lane: index for index, lane in enumerate(lanes)}
+    trace = [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": lane_id[lane], "args": {"name": lane}}
+        for lane in lanes
+    ]
+    trace += [
+        {
+            "name": e.name,
+            "cat": e.kind,
+            "ph": "X",
+            "pid": 0,
+            "tid": lane_id[e.lane],
+            "ts": e.start_s * 1e6,
+            "dur": (e.end_s - e.start_s) * 1e6,
+        }
+        for e in result.events
+    ]
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": result.summary()}
+
+
+def plot_gantt(results: dict[str, SimulationResult], path: str) -> None:
+    """A PNG Gantt chart, one panel per result, compute and communication lanes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"kernel": "#4c78a8", "copy": "#f58518", "all-reduce": "#e45756"}
+    figure, axes = plt.subplots(
+        len(results), 1, figsize=(12, 1.6 + 1.2 * len(results)), squeeze=False
+    )
+    for axis, (title, result) in zip(axes[:, 0], results.items(), strict=True):
+        lanes = sorted({e.lane for e in result.events}, key=lambda lane: (lane != "compute", lane))
+        for row, lane in enumerate(lanes):
+            spans = [
+                (e.start_s * 1e3, (e.end_s - e.start_s) * 1e3, e.kind)
+                for e in result.events
+                if e.lane == lane
+            ]
+            for kind in colours:
+                chosen = [(s, d) for s, d, k in spans if k == kind]
+                if chosen:
+                    axis.broken_barh(chosen, (row - 0.4, 0.8), facecolors=colours[kind], label=kind)
+        axis.set_yticks(range(len(lanes)), lanes)
+        axis.set_title(
+            f"{title}: {result.iteration_s * 1e3:.3f} ms, T/T_ideal {result.t_over_ideal:.2f}"
+        )
+        axis.set_xlabel("ms")
+        handles, labels = axis.get_legend_handles_labels()
+        unique = dict(zip(labels, handles, strict=True))
+        axis.legend(unique.values(), unique.keys(), loc="upper right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

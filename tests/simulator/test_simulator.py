@@ -1,0 +1,186 @@
+"""The event simulator on small modules whose timelines can be worked out by hand,
+and `disco-xla simulate` on a captured training step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from disco_xla.hlo_passes.hlo_io import module_from_text
+from disco_xla.plan import Plan, verify_plan
+from disco_xla.simulator.comm import all_reduce_s
+from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
+from disco_xla.simulator.events import chrome_trace, plot_gantt, simulate
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import load_profile
+from tests.conftest import run_cli
+
+# forward -> two gradients -> two all-reduces -> two updates
+TWO_GRADIENTS = """HloModule two_gradients
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[1024] parameter(0)
+  w1 = f32[1024] parameter(1)
+  w2 = f32[1024] parameter(2)
+  forward = f32[1024] tanh(x)
+  grad1 = f32[1024] multiply(forward, w1)
+  grad2 = f32[1024] exponential(forward)
+  mean1 = f32[1024] all-reduce(grad1), replica_groups={{0,1}}, to_apply=sum
+  mean2 = f32[1024] all-reduce(grad2), replica_groups={{0,1}}, to_apply=sum
+  update1 = f32[1024] subtract(w1, mean1)
+  update2 = f32[1024] subtract(w2, mean2)
+  ROOT out = (f32[1024], f32[1024]) tuple(update1, update2)
+}
+"""
+KERNEL_S = {"forward": 3e-3, "grad1": 2e-3, "grad2": 4e-3, "update1": 1e-3, "update2": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def module():
+    return module_from_text(TWO_GRADIENTS)
+
+
+def timed(module, plan, profile):
+    """A table cost model with the hand-chosen time of each kernel."""
+    graph = build_task_graph(module, plan)
+    table = {k.structural_hash: KERNEL_S[k.name] for k in graph.kernels}
+    return graph, TableCostModel(table, RooflineCostModel(profile))
+
+
+def test_gpu_streams_overlap_the_first_all_reduce_with_the_second_gradient(module):
+    profile = load_profile("a100-2x8-100g")
+    plan = Plan.unfused(module)
+    verify_plan(plan, module)
+    graph, costs = timed(module, plan, profile)
+    result = simulate(graph, profile, costs)
+    assert costs.misses == 0
+    comm = all_reduce_s(4096, profile)
+    assert comm < 4e-3  # the first all-reduce hides fully behind grad2
+    # forward, grad1, grad2, update1 back to back; mean2 starts after grad2 and after
+    # mean1 on the same stream; update2 follows it.
+    mean2_end = max(3e-3 + 2e-3 + 4e-3, 3e-3 + 2e-3 + comm) + comm
+    expected = max(3e-3 + 2e-3 + 4e-3 + 1e-3, mean2_end) + 1e-3
+    assert result.iteration_s == pytest.approx(expected)
+    assert result.comm_s == pytest.approx(2 * comm)
+    # mean1 hides behind grad2, mean2 behind update1: nothing is exposed.
+    assert mean2_end < 3e-3 + 2e-3 + 4e-3 + 1e-3
+    assert result.exposed_comm_s == pytest.approx(0.0, abs=1e-12)
+    assert result.overlap_ratio == pytest.approx(1.0)
+    assert result.compute_s == pytest.approx(sum(KERNEL_S.values()))
+    assert result.critical_path[-1] == "update2"
+
+
+def test_one_bucket_waits_for_both_gradients_and_pays_the_copies(module):
+    profile = load_profile("a100-2x8-100g")
+    plan = dataclasses.replace(Plan.unfused(module), all_reduce_buckets=(("mean1", "mean2"),))
+    verify_plan(plan, module)
+    graph, costs = timed(module, plan, profile)
+    result = simulate(graph, profile, costs)
+    copy = 2 * 8192 / profile.memory_bandwidth_bytes_per_s + profile.kernel_launch_s
+    comm = all_reduce_s(8192, profile)
+    expected = 3e-3 + 2e-3 + 4e-3 + copy + comm + copy + 1e-3 + 1e-3
+    assert result.iteration_s == pytest.approx(expected)
+    assert result.exposed_comm_s == pytest.approx(comm)
+    assert [e.kind for e in result.events].count("copy") == 2
+
+
+def test_cpu_threads_run_independent_work_side_by_side_unless_overlap_is_off(module):
+    profile = load_profile("cpu-local")
+    assert profile.compute_threads >= 2
+    plan = Plan.unfused(module)
+    graph, costs = timed(module, plan, profile)
+    parallel = simulate(graph, profile, costs)
+    serial_profile = dataclasses.replace(profile, overlap=False)
+    serial = simulate(graph, serial_profile, costs)
+    total = sum(KERNEL_S.values()) + 2 * all_reduce_s(4096, profile)
+    assert serial.iteration_s == pytest.approx(total)
+    assert parallel.iteration_s < serial.iteration_s
+    assert serial.exposed_comm_s == pytest.approx(serial.comm_s)
+
+
+def test_roofline_is_the_slower_of_compute_and_memory_plus_launch(module):
+    profile = load_profile("h200-1x8-nvlink")
+    graph = build_task_graph(module, Plan.unfused(module))
+    kernel = next(k for k in graph.kernels if k.name == "grad1")
+    assert (kernel.flops, kernel.bytes) == (1024, 3 * 4096)
+    memory_s = kernel.bytes / (profile.memory_bandwidth_bytes_per_s * 0.5)
+    assert RooflineCostModel(profile).kernel_s(kernel) == pytest.approx(
+        memory_s + profile.kernel_launch_s
+    )
+
+
+def test_trace_and_gantt_chart_are_written(module, tmp_path):
+    profile = load_profile("v100-2x8-25g")
+    result = simulate(
+        build_task_graph(module, Plan.unfused(module)), profile, RooflineCostModel(profile)
+    )
+    trace = chrome_trace(result)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(result.events) == 7
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert names == {"compute", "comm 0"}
+    path = tmp_path / "gantt.png"
+    plot_gantt({"none": result, "again": result}, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_cli_on_a_captured_step(module_files, tmp_path):
+    path = module_files["jax_pmap_step"]
+    result = run_cli(
+        "simulate",
+        path,
+        "--cluster",
+        "a100-2x8-100g",
+        "--json",
+        "--trace",
+        str(tmp_path / "t.json"),
+        "--plot",
+        str(tmp_path / "g.png"),
+    )
+    assert result.returncode == 0, result.stderr
+    none = json.loads(result.stdout)
+    for key in ("iteration_s", "compute_s", "comm_s", "exposed_comm_s", "ideal_s"):
+        assert none[key] > 0
+    assert none["buckets"] == 4 and none["cost_model"] == "roofline"
+    assert json.load(open(tmp_path / "t.json"))["traceEvents"]
+    # The same step with every gradient in one bucket is a different, legal plan.
+    from disco_xla import load_module
+
+    plan = Plan.unfused(load_module(path))
+    merged = dataclasses.replace(
+        plan, all_reduce_buckets=(tuple(n for b in plan.all_reduce_buckets for n in b),)
+    )
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(merged.to_json())
+    one = json.loads(
+        run_cli(
+            "simulate", path, "--cluster", "a100-2x8-100g", "--plan", str(plan_path), "--json"
+        ).stdout
+    )
+    assert one["buckets"] == 1 and one["iteration_s"] != none["iteration_s"]
+
+
+def test_simulate_refuses_a_plan_for_another_module(module_files, tmp_path):
+    from disco_xla import load_module
+
+    other = Plan.unfused(load_module(module_files["jax_shard_map_step"]))
+    plan_path = tmp_path / "other.json"
+    plan_path.write_text(other.to_json())
+    result = run_cli(
+        "simulate",
+        module_files["jax_pmap_step"],
+        "--cluster",
+        "cpu-local",
+        "--plan",
+        str(plan_path),
+    )
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "another module" in result.stderr and str(plan_path) in result.stderr
