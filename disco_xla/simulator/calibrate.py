@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from disco_xla.timing import median_seconds
 
 SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
 _RESULT_MARK = "disco-xla-calibration: "
@@ -63,19 +64,8 @@ def fit_ring_model(measured: list[tuple[int, float]], workers: int) -> Fit:
     return Fit(alpha, 1.0 / inverse_bandwidth, points)
 
 
-def _median_time(fn: Callable[[], object], repeats: int) -> float:
-    for _ in range(3):  # compile, and let the collectives set up their connections
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _time_call(fn: Callable, argument, repeats: int) -> float:
-    return _median_time(lambda: fn(argument).block_until_ready(), repeats)
+    return median_seconds(lambda: fn(argument).block_until_ready(), repeats)
 
 
 def measure_in_process(
@@ -108,10 +98,10 @@ def measure_device(repeats: int = 5) -> tuple[float, float]:
     n = 2048
     a = jnp.ones((n, n), jnp.float32)
     matmul = jax.jit(lambda x: x @ x)
-    flops = 2 * n**3 / _median_time(lambda: matmul(a).block_until_ready(), repeats)
+    flops = 2 * n**3 / median_seconds(lambda: matmul(a).block_until_ready(), repeats)
     big = jnp.ones((64 * 2**20,), jnp.float32)  # 256 MB
     scale = jax.jit(lambda x: x * 1.5)
-    bandwidth = 2 * big.nbytes / _median_time(lambda: scale(big).block_until_ready(), repeats)
+    bandwidth = 2 * big.nbytes / median_seconds(lambda: scale(big).block_until_ready(), repeats)
     return flops, bandwidth
 
 
