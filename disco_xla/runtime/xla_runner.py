@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo_passes.hlo_schema import OpSharding
 from disco_xla.hlo_passes.shapes import Shape
 
 
@@ -99,3 +100,75 @@ _NUMPY_TYPES = {
     "f32": "float32",
     "f64": "float64",
 }
+
+
+class PartitionedProgram:
+    """A module from `jax.pmap` or `jax.jit(shard_map)` (SPMD partitions, one per
+    device) compiled for N CPU devices. `disabled_passes` turns XLA passes off for
+    this compile only, e.g. 'cpu-all-reduce-combiner'; global XLA_FLAGS are left
+    alone. Arguments and results are global arrays, laid out as the entry's
+    shardings say (a pmap'd step: leading axis over the devices)."""
+
+    def __init__(self, module: HloModule, devices: int, disabled_passes: Sequence[str] = ()):
+        available = jax.devices("cpu")
+        if len(available) < devices:
+            raise RuntimeError(
+                f"{devices} partitions need {devices} CPU devices, JAX has {len(available)}"
+            )
+        self.devices = available[:devices]
+        self._mesh = Mesh(np.array(self.devices), ("d",))
+        self.parameters = [p.shape for p in _entry_parameters(module)]
+        options = xla_client.CompileOptions()
+        options.num_replicas = 1
+        options.num_partitions = devices
+        build = options.executable_build_options
+        build.use_spmd_partitioning = True
+        build.use_shardy_partitioner = True
+        if disabled_passes:
+            build.debug_options.xla_disable_hlo_passes = ",".join(disabled_passes)
+        options.device_assignment = xla_client.DeviceAssignment.create(
+            np.arange(devices).reshape(1, devices)
+        )
+        stablehlo = _jax.mlir.hlo_to_stablehlo(module.to_bytes())
+        self._executable = xla_bridge.get_backend("cpu").compile_and_load(
+            stablehlo, xla_client.DeviceList(tuple(self.devices)), options
+        )
+        # The layout XLA chose for each argument (a jit of shard_map leaves it to
+        # sharding propagation, so the module itself may not say).
+        self._specs = [
+            _partition_spec(
+                OpSharding.FromString(sharding.SerializeToString()), len(shape.dims), devices
+            )
+            for sharding, shape in zip(
+                self._executable.get_parameter_shardings(), self.parameters, strict=True
+            )
+        ]
+
+    def compiled_module(self) -> HloModule:
+        """XLA's optimised module, as our IR."""
+        data = self._executable.hlo_modules()[0].as_serialized_hlo_module_proto()
+        return HloModule.from_bytes(data, "<compiled>")
+
+    def run(self, arguments: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
+        """Run once on global arguments; returns `outputs[d][j]`, the part of
+        output j that device d holds."""
+        placed = [
+            jax.device_put(np.asarray(value), NamedSharding(self._mesh, spec))
+            for value, spec in zip(arguments, self._specs, strict=True)
+        ]
+        results = self._executable.execute_sharded(placed)
+        per_output = results.disassemble_into_single_device_arrays()
+        return [[np.asarray(output[d]) for output in per_output] for d in range(len(self.devices))]
+
+
+def _partition_spec(sharding, rank: int, devices: int) -> P:
+    """The PartitionSpec of an OpSharding: tiled along one axis over all the
+    devices, or replicated."""
+    dims = list(sharding.tile_assignment_dimensions)
+    if sharding.type == 3 and dims:  # OTHER: tiled
+        axes = [index for index, count in enumerate(dims[:rank]) if count > 1]
+        if len(axes) == 1 and dims[axes[0]] == devices:
+            return P(*([None] * axes[0] + ["d"]))
+        if axes:
+            raise RuntimeError(f"unsupported argument sharding: tiles {dims}")
+    return P()
