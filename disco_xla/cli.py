@@ -174,6 +174,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     from disco_xla.hlo_passes.hlo_io import load_module
     from disco_xla.plan import Plan, verify_plan
+    from disco_xla.search.baselines import BASELINES, baseline
     from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
     from disco_xla.simulator.events import chrome_trace, plot_gantt, simulate
     from disco_xla.simulator.kernels import build_task_graph
@@ -181,8 +182,33 @@ def _simulate(args: argparse.Namespace) -> int:
 
     module = load_module(args.file)
     profile = load_profile(args.cluster)
-    if args.plan == "none":
-        plan = Plan.unfused(module)
+    cost_model = RooflineCostModel(profile)
+    if args.cost_model == "table":
+        if not args.table:
+            raise DiscoInputError("simulate", "--cost-model table needs --table TIMES.json")
+        cost_model = TableCostModel.load(args.table, fallback=cost_model)
+    note = ""
+    if args.plan in BASELINES:
+        compiled = {}
+        if args.plan != "none":
+            import jax
+
+            from disco_xla.runtime.xla_runner import compile_module, devices_needed
+
+            jax.config.update("jax_num_cpu_devices", devices_needed(module))
+            compiled = {
+                "compiled_combined": compile_module(module),
+                "compiled_separate": compile_module(module, ["cpu-all-reduce-combiner"]),
+            }
+        chosen = baseline(
+            args.plan,
+            module,
+            compiled.get("compiled_combined"),
+            compiled.get("compiled_separate"),
+            profile,
+            cost_model,
+        )
+        module, plan, note = chosen.module, chosen.plan, chosen.note
     else:
         try:
             with open(args.plan) as file:
@@ -191,13 +217,8 @@ def _simulate(args: argparse.Namespace) -> int:
             raise DiscoInputError(args.plan, f"cannot read the plan ({error.strerror})") from None
         plan = Plan.from_json(text, args.plan)
     verify_plan(plan, module, source=args.plan)
-    cost_model = RooflineCostModel(profile)
-    if args.cost_model == "table":
-        if not args.table:
-            raise DiscoInputError("simulate", "--cost-model table needs --table TIMES.json")
-        cost_model = TableCostModel.load(args.table, fallback=cost_model)
     result = simulate(build_task_graph(module, plan), profile, cost_model)
-    summary = {"plan": args.plan, "cluster": profile.name, **result.summary()}
+    summary = {"plan": args.plan, "plan_note": note, "cluster": profile.name, **result.summary()}
     if isinstance(cost_model, TableCostModel):
         summary["table_misses"] = cost_model.misses
     if args.trace:
@@ -289,7 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("file", help="HLO module of a data-parallel training step")
     simulate.add_argument("--cluster", required=True, help="profile name or YAML path")
-    simulate.add_argument("--plan", default="none", help="'none' or a PLAN.json")
+    simulate.add_argument(
+        "--plan",
+        default="none",
+        help="a baseline (none, xla, xla-nocombine, horovod, horovod-legacy, ddp, mgwfbp) "
+        "or a PLAN.json",
+    )
     simulate.add_argument("--cost-model", choices=["roofline", "table"], default="roofline")
     simulate.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
     simulate.add_argument("--json", action="store_true", help="print one JSON object")

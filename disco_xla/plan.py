@@ -24,6 +24,7 @@ NOT_FUSIBLE_OPCODES = frozenset(
     {
         "parameter",
         "constant",
+        "bitcast",  # a view: no kernel of its own
         "tuple",
         "get-tuple-element",
         "after-all",

@@ -21,10 +21,26 @@ from disco_xla.hlo_passes.hlo_schema import OpSharding
 from disco_xla.hlo_passes.shapes import Shape
 
 
+def compile_module(module: HloModule, disabled_passes: Sequence[str] = ()) -> HloModule:
+    """The module as XLA:CPU compiles it for its own device counts (partitions
+    from pmap or shard_map, or replicas), with `disabled_passes` off."""
+    counts = module.device_counts()
+    if counts["num_partitions"] > 1:
+        program = PartitionedProgram(module, counts["num_partitions"], disabled_passes)
+    else:
+        program = ReplicatedProgram(module, counts["num_replicas"], disabled_passes)
+    return program.compiled_module()
+
+
+def devices_needed(module: HloModule) -> int:
+    counts = module.device_counts()
+    return max(counts["num_partitions"], counts["num_replicas"])
+
+
 class ReplicatedProgram:
     """A module compiled for `replicas` CPU devices, one replica per device."""
 
-    def __init__(self, module: HloModule, replicas: int):
+    def __init__(self, module: HloModule, replicas: int, disabled_passes: Sequence[str] = ()):
         devices = jax.devices("cpu")
         if len(devices) < replicas:
             raise RuntimeError(
@@ -39,11 +55,20 @@ class ReplicatedProgram:
         options.device_assignment = xla_client.DeviceAssignment.create(
             np.arange(replicas).reshape(replicas, 1)
         )
+        if disabled_passes:
+            options.executable_build_options.debug_options.xla_disable_hlo_passes = ",".join(
+                disabled_passes
+            )
         stablehlo = _jax.mlir.hlo_to_stablehlo(module.to_bytes())
         self._executable = xla_bridge.get_backend("cpu").compile_and_load(
             stablehlo, xla_client.DeviceList(tuple(self.devices)), options
         )
         self._mesh = Mesh(np.array(self.devices), ("replica",))
+
+    def compiled_module(self) -> HloModule:
+        """XLA's optimised module, as our IR."""
+        data = self._executable.hlo_modules()[0].as_serialized_hlo_module_proto()
+        return HloModule.from_bytes(data, "<compiled>")
 
     def run(self, arguments_per_device: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
         """Run once; `arguments_per_device[d][i]` is parameter i on device d.

@@ -1,4 +1,5 @@
-"""Backtracking search over op-fusion groups and all-reduce buckets, and baselines.
+"""Search over op-fusion groups and all-reduce buckets, and the baselines.
 
-Planned (issue: Backtracking search). Nothing is public yet.
+`baselines` builds every baseline of the design notes as a plan. The backtracking
+search itself is the next step (issue: Backtracking search).
 """

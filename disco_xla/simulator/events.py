@@ -54,6 +54,7 @@ class SimulationResult:
     kernels: int
     buckets: int  # gradient buckets of the plan
     collectives: int  # buckets and other collectives (such as a loss mean)
+    collective_ready_s: dict[str, float]  # when each collective's inputs were all ready
     spans: tuple[tuple, ...]  # the events as plain tuples, in Event's field order
 
     @property
@@ -123,6 +124,10 @@ def _simulate(graph, profile, cost_model, comm_cost) -> SimulationResult:
         kernels=len(graph.kernels),
         buckets=sum(graph.is_bucket),
         collectives=len(graph.communications),
+        collective_ready_s={
+            name: max((finish[d] for d in graph.dependencies[len(graph.kernels) + c]), default=0.0)
+            for c, (name, _, _) in enumerate(graph.communications)
+        },
         spans=tuple(events),
     )
 

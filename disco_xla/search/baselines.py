@@ -1,0 +1,168 @@
+"""The baselines every result is compared with, as plans (see design notes §4).
+
+- `none`: no op fusion, one all-reduce per gradient.
+- `xla`: XLA's fusion and combiner as compiled. On CPU profiles that is XLA:CPU's
+  one combined all-reduce; on GPU profiles XLA:GPU's combiner is modelled instead:
+  groups of up to 30 MB, each sent once its last member is ready.
+- `xla-nocombine`: XLA's fusion, one all-reduce per gradient.
+- `horovod`: a 128 MB fusion buffer filled every 1 ms cycle; `horovod-legacy`:
+  64 MB and 5 ms (Horovod before v0.21).
+- `ddp`: 25 MB buckets in the order gradients become ready, the first 1 MB.
+- `mgwfbp`: merge a gradient into the bucket before it when that bucket's
+  all-reduce could not start before the gradient is ready, or would start less
+  than the latency alpha earlier (MG-WFBP, Shi et al.).
+
+XLA's fusion comes from a module XLA compiled: the baselines other than `none`
+are plans over that module, where each fusion is one kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.plan import Plan, gradient_all_reduces_in_order
+from disco_xla.simulator.comm import all_reduce_s
+from disco_xla.simulator.cost_models import CostModel
+from disco_xla.simulator.events import simulate
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import ClusterProfile
+
+MB = 1 << 20
+XLA_GPU_COMBINE_BYTES = 30 * MB  # xla_gpu_all_reduce_combine_threshold_bytes
+BASELINES = ("none", "xla", "xla-nocombine", "horovod", "horovod-legacy", "ddp", "mgwfbp")
+# (name, bytes) of each gradient all-reduce, in the order the gradients become ready.
+Gradients = list[tuple[str, int]]
+
+
+def threshold_buckets(gradients: Gradients, limit_bytes: int, first_bytes: int | None = None):
+    """Consecutive gradients packed into buckets of at most `limit_bytes` (the
+    first at most `first_bytes`); a larger gradient gets a bucket of its own."""
+    buckets: list[list[str]] = []
+    filled = math.inf
+    for name, size in gradients:
+        # While the first bucket is open it has its own limit.
+        limit = first_bytes if (first_bytes is not None and len(buckets) == 1) else limit_bytes
+        if buckets and filled + size <= limit:
+            buckets[-1].append(name)
+            filled += size
+        else:
+            buckets.append([name])
+            filled = size
+    return tuple(tuple(b) for b in buckets)
+
+
+def cycle_buckets(
+    gradients: Gradients, ready_s: dict[str, float], cycle_s: float, limit_bytes: int
+):
+    """Horovod's tensor fusion: each cycle, the gradients that became ready since
+    the last one are sent, packed into buffers of at most `limit_bytes`."""
+    by_cycle: dict[int, Gradients] = {}
+    for name, size in gradients:
+        by_cycle.setdefault(math.ceil(ready_s[name] / cycle_s - 1e-12), []).append((name, size))
+    buckets: list[tuple[str, ...]] = []
+    for cycle in sorted(by_cycle):
+        buckets.extend(threshold_buckets(by_cycle[cycle], limit_bytes))
+    return tuple(buckets)
+
+
+def mgwfbp_buckets(
+    gradients: Gradients, ready_s: dict[str, float], comm_s: Callable[[int], float], alpha_s: float
+):
+    """MG-WFBP's merge rule over gradients in ready order."""
+    buckets: list[list[str]] = []
+    bucket_bytes = 0
+    comm_free = 0.0
+    for name, size in gradients:
+        if not buckets:
+            buckets.append([name])
+            bucket_bytes = size
+        else:
+            start = max(comm_free, ready_s[buckets[-1][-1]])
+            if start >= ready_s[name] or ready_s[name] - start < alpha_s:
+                buckets[-1].append(name)
+                bucket_bytes += size
+            else:
+                comm_free = start + comm_s(bucket_bytes)
+                buckets.append([name])
+                bucket_bytes = size
+    return tuple(tuple(b) for b in buckets)
+
+
+def gradients_in_ready_order(
+    module: HloModule, ready_s: dict[str, float] | None = None
+) -> Gradients:
+    """Gradient all-reduces with their bytes, by ready time (else program order)."""
+    ordered = gradient_all_reduces_in_order(module)
+    if ready_s is not None:
+        ordered = sorted(ordered, key=lambda i: (ready_s[i.name], ordered.index(i)))
+    return [(i.name, i.shape.bytes) for i in ordered]
+
+
+def with_buckets(plan: Plan, buckets) -> Plan:
+    return replace(plan, all_reduce_buckets=tuple(buckets))
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    module: HloModule  # the original, or the module XLA compiled
+    plan: Plan
+    note: str
+
+
+def baseline(
+    name: str,
+    original: HloModule,
+    compiled_combined: HloModule | None,
+    compiled_separate: HloModule | None,
+    profile: ClusterProfile,
+    cost_model: CostModel,
+) -> Baseline:
+    """The baseline plan `name` (one of BASELINES). Except for `none`, it needs
+    the module as XLA compiled it with its all-reduce combiner on and off."""
+    if name == "none":
+        return Baseline(
+            name, original, Plan.unfused(original), "no fusion, one all-reduce per gradient"
+        )
+    if name not in BASELINES:
+        raise ValueError(f"unknown baseline {name!r}")
+    if compiled_combined is None or compiled_separate is None:
+        raise ValueError(f"the {name} baseline needs the module compiled by XLA")
+    gpu = profile.execution == "gpu-streams"
+    fusion_note = "XLA:CPU's fusion" + (" (standing in for XLA:GPU's)" if gpu else "")
+    if name == "xla" and not gpu:
+        plan = Plan.unfused(compiled_combined)
+        return Baseline(
+            name, compiled_combined, plan, f"{fusion_note}, XLA:CPU's combined all-reduce"
+        )
+    separate = Plan.unfused(compiled_separate)
+    singletons = simulate(build_task_graph(compiled_separate, separate), profile, cost_model)
+    ready = singletons.collective_ready_s
+    gradients = gradients_in_ready_order(compiled_separate, ready)
+    if name == "xla":
+        buckets = threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES)
+        note = "XLA:GPU's combiner modelled: up to 30 MB per all-reduce"
+    elif name == "xla-nocombine":
+        buckets = tuple((g,) for g, _ in gradients)
+        note = "one all-reduce per gradient"
+    elif name in ("horovod", "horovod-legacy"):
+        cycle_s, limit = (1e-3, 128 * MB) if name == "horovod" else (5e-3, 64 * MB)
+        buckets = cycle_buckets(gradients, ready, cycle_s, limit)
+        note = f"{limit // MB} MB fusion buffer, {cycle_s * 1e3:.0f} ms cycle"
+    elif name == "ddp":
+        buckets = threshold_buckets(gradients, 25 * MB, first_bytes=1 * MB)
+        note = "25 MB buckets, the first 1 MB"
+    else:  # mgwfbp
+        alpha = all_reduce_s(1, profile)
+
+        def comm(size: int) -> float:
+            return all_reduce_s(size, profile)
+
+        buckets = mgwfbp_buckets(gradients, ready, comm, alpha)
+        note = f"MG-WFBP merging with alpha {alpha * 1e6:.1f} us"
+    return Baseline(
+        name, compiled_separate, with_buckets(separate, buckets), f"{fusion_note}, {note}"
+    )

@@ -1,0 +1,77 @@
+"""The baselines' bucketing rules, and every baseline simulated through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from disco_xla.search.baselines import (
+    BASELINES,
+    MB,
+    cycle_buckets,
+    mgwfbp_buckets,
+    threshold_buckets,
+)
+from tests.conftest import run_cli
+
+GRADIENTS = [("a", 600_000), ("b", 600_000), ("c", 10 * MB), ("d", 20 * MB), ("e", 30 * MB)]
+
+
+def test_ddp_packs_up_to_25_mb_after_a_first_bucket_of_1_mb():
+    buckets = threshold_buckets(GRADIENTS, 25 * MB, first_bytes=1 * MB)
+    assert buckets == (("a",), ("b", "c"), ("d",), ("e",))
+
+
+def test_xla_gpu_combiner_packs_up_to_30_mb():
+    assert threshold_buckets(GRADIENTS, 30 * MB) == (("a", "b", "c"), ("d",), ("e",))
+
+
+def test_horovod_sends_what_became_ready_in_each_cycle():
+    ready = {"a": 0.2e-3, "b": 0.9e-3, "c": 1.5e-3, "d": 3.1e-3, "e": 3.2e-3}
+    assert cycle_buckets(GRADIENTS, ready, 1e-3, 128 * MB) == (("a", "b"), ("c",), ("d", "e"))
+    # A small buffer splits a cycle's gradients.
+    assert cycle_buckets(GRADIENTS, ready, 1e-3, 25 * MB) == (("a", "b"), ("c",), ("d",), ("e",))
+
+
+def test_mgwfbp_merges_when_waiting_costs_less_than_a_start_up():
+    gradients = [("a", 1000), ("b", 1000), ("c", 1000)]
+
+    def comm(size: int) -> float:
+        return 1e-3 + size * 1e-9
+
+    # b is ready 0.5 ms after a: less than alpha (1 ms), so it joins a's bucket;
+    # c is ready 5 ms later, after that bucket is long done: a bucket of its own.
+    ready = {"a": 0.0, "b": 0.5e-3, "c": 5.5e-3}
+    assert mgwfbp_buckets(gradients, ready, comm, alpha_s=1e-3) == (("a", "b"), ("c",))
+    # With a negligible alpha every gradient goes alone.
+    assert mgwfbp_buckets(gradients, ready, comm, alpha_s=1e-9) == (("a",), ("b",), ("c",))
+
+
+@pytest.mark.parametrize("cluster", ["cpu-local", "a100-2x8-100g"])
+def test_every_baseline_simulates_on_a_captured_step(module_files, cluster):
+    results = {}
+    for plan in BASELINES:
+        result = run_cli(
+            "simulate",
+            module_files["jax_pmap_step"],
+            "--cluster",
+            cluster,
+            "--plan",
+            plan,
+            "--json",
+            timeout_s=300,
+        )
+        assert result.returncode == 0, (plan, result.stderr[-1500:])
+        results[plan] = json.loads(result.stdout)
+    assert results["none"]["buckets"] == 4
+    assert results["xla-nocombine"]["buckets"] == 4
+    # XLA's fusion leaves fewer kernels than no fusion at all.
+    assert results["xla"]["kernels"] < results["none"]["kernels"]
+    if cluster == "cpu-local":
+        assert "combined all-reduce" in results["xla"]["plan_note"]
+        assert results["xla"]["collectives"] == 1  # the loss mean is combined too
+    else:
+        assert "30 MB" in results["xla"]["plan_note"]
+    for plan, summary in results.items():
+        assert summary["iteration_s"] > 0 and summary["plan"] == plan
