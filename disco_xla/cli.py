@@ -247,6 +247,94 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _optimize(args: argparse.Namespace) -> int:
+    if args.budget_s <= 0 or args.max_evals <= 0:
+        raise DiscoInputError("optimize", "--budget-s and --max-evals must be positive")
+    if args.alpha < 1:
+        raise DiscoInputError("optimize", "--alpha must be at least 1")
+    import jax
+    from tqdm import tqdm
+
+    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.plan import Plan
+    from disco_xla.runtime.xla_runner import compile_module, devices_needed
+    from disco_xla.search.backtracking import greedy_fusion_plan, search
+    from disco_xla.search.baselines import BASELINES, baseline
+    from disco_xla.simulator.cost_models import RooflineCostModel
+    from disco_xla.simulator.events import simulate
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.profiles import load_profile
+
+    module = load_module(args.file)
+    profile = load_profile(args.cluster)
+    cost_model = RooflineCostModel(profile)
+    jax.config.update("jax_num_cpu_devices", devices_needed(module))
+    combined = compile_module(module)
+    separate = compile_module(module, ["cpu-all-reduce-combiner"])
+    results = {}
+    for name in BASELINES:
+        chosen = baseline(name, module, combined, separate, profile, cost_model)
+        results[name] = simulate(build_task_graph(chosen.module, chosen.plan), profile, cost_model)
+    quiet = args.json or not sys.stderr.isatty()
+    with tqdm(total=args.max_evals, disable=quiet, desc="searching", leave=False) as bar:
+
+        def progress(evaluations: int, best_s: float) -> None:
+            bar.update(evaluations - bar.n)
+            bar.set_postfix_str(f"best {best_s * 1e3:.3f} ms")
+
+        found = search(
+            module,
+            profile,
+            cost_model,
+            [Plan.unfused(module), greedy_fusion_plan(module)],
+            alpha=args.alpha,
+            budget_s=args.budget_s,
+            max_evaluations=args.max_evals,
+            seed=args.seed,
+            on_evaluation=progress,
+        )
+    plan_result = simulate(build_task_graph(module, found.plan), profile, cost_model)
+    try:
+        with open(args.output, "w") as file:
+            file.write(found.plan.to_json())
+    except OSError as error:
+        raise DiscoInputError(args.output, f"cannot write it ({error.strerror})") from None
+    xla_s = results["xla"].iteration_s
+    report = {
+        "plan_s": plan_result.iteration_s,
+        "baselines": {name: r.iteration_s for name, r in results.items()},
+        "ideal_s": plan_result.ideal_s,
+        "speedup_vs_xla": xla_s / plan_result.iteration_s,
+        "evaluations": found.evaluations,
+        "search_s": found.search_s,
+        "cost_model": cost_model.name,
+        "cluster": profile.name,
+        "plan": args.output,
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(
+        f"{module.name} on {profile.name}, cost model {cost_model.name}: "
+        f"{found.evaluations} plans evaluated in {found.search_s:.1f} s"
+    )
+    header = ("plan", "iteration ms", "vs xla", "T/T_ideal", "exposed ms", "buckets")
+    print("{:<16}{:>14}{:>9}{:>11}{:>12}{:>9}".format(*header))
+    for name, result in [*results.items(), ("found", plan_result)]:
+        print(
+            f"{name:<16}{result.iteration_s * 1e3:>14.3f}{xla_s / result.iteration_s:>8.2f}x"
+            f"{result.t_over_ideal:>11.2f}{result.exposed_comm_s * 1e3:>12.3f}{result.buckets:>9}"
+        )
+    slower = [name for name, r in results.items() if r.iteration_s < plan_result.iteration_s]
+    if slower:
+        print(
+            f"note: the found plan is slower than {', '.join(slower)}; the search starts from "
+            "no fusion and a greedy XLA-like fusion of the original module, not from XLA's own"
+        )
+    print(f"wrote {args.output}")
+    return 0
+
+
 def _load_plan(path: str):
     from disco_xla.plan import Plan
 
@@ -394,6 +482,21 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
     simulate.add_argument("--plot", help="write a PNG Gantt chart here")
     simulate.set_defaults(run=_simulate)
+
+    optimize = commands.add_parser(
+        "optimize", parents=[common], help="search for the plan with the lowest simulated time"
+    )
+    optimize.add_argument("file")
+    optimize.add_argument("--cluster", required=True, help="profile name or YAML path")
+    optimize.add_argument("--budget-s", type=float, default=60.0, help="search time budget")
+    optimize.add_argument("--max-evals", type=int, default=1000, help="plans to simulate at most")
+    optimize.add_argument(
+        "--alpha", type=float, default=1.05, help="keep children below alpha x best"
+    )
+    optimize.add_argument("--seed", type=int, default=0)
+    optimize.add_argument("-o", "--output", required=True, help="PLAN.json to write")
+    optimize.add_argument("--json", action="store_true")
+    optimize.set_defaults(run=_optimize)
 
     apply = commands.add_parser(
         "apply", parents=[common], help="rewrite a module to run a plan (checked by compiling it)"

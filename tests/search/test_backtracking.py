@@ -1,0 +1,116 @@
+"""The backtracking search: legal, deterministic, never worse than where it
+starts, and reachable through `disco-xla optimize`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from disco_xla import DiscoInputError
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.plan import Plan, verify_plan
+from disco_xla.search.backtracking import greedy_fusion_plan, search
+from disco_xla.simulator.cost_models import RooflineCostModel
+from disco_xla.simulator.events import simulate
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import load_profile
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def step(captured):
+    return HloModule.from_bytes(captured["jax_pmap_step"][0], "step")
+
+
+def test_greedy_fusion_is_legal_and_fuses(step):
+    plan = greedy_fusion_plan(step)
+    verify_plan(plan, step)
+    assert len(plan.fusion_groups) < len(Plan.unfused(step).fusion_groups) / 2
+
+
+@pytest.mark.parametrize("cluster", ["a100-2x8-100g", "cpu-local"])
+def test_search_is_legal_deterministic_and_no_worse_than_its_start(step, cluster):
+    profile = load_profile(cluster)
+    cost_model = RooflineCostModel(profile)
+    starts = [Plan.unfused(step), greedy_fusion_plan(step)]
+    first = search(step, profile, cost_model, starts, max_evaluations=120, seed=3)
+    again = search(step, profile, cost_model, starts, max_evaluations=120, seed=3)
+    assert first.plan == again.plan and first.iteration_s == again.iteration_s
+    verify_plan(first.plan, step)
+    assert first.evaluations == 120
+    assert first.iteration_s <= first.start_s
+    start_times = [
+        simulate(build_task_graph(step, plan), profile, cost_model).iteration_s for plan in starts
+    ]
+    assert first.start_s == min(start_times)
+    assert (
+        first.iteration_s
+        == simulate(build_task_graph(step, first.plan), profile, cost_model).iteration_s
+    )
+    assert first.iteration_s < first.start_s  # on this step the moves do find better plans
+
+
+def test_a_budget_of_zero_is_refused(step):
+    profile = load_profile("cpu-local")
+    with pytest.raises(DiscoInputError, match="budget"):
+        search(step, profile, RooflineCostModel(profile), [Plan.unfused(step)], budget_s=0)
+
+
+def test_optimize_cli_writes_the_same_plan_twice_and_reports_baselines(module_files, tmp_path):
+    reports = []
+    for name in ("a.json", "b.json"):
+        result = run_cli(
+            "optimize",
+            module_files["jax_pmap_step"],
+            "--cluster",
+            "a100-2x8-100g",
+            "--max-evals",
+            "100",
+            "--seed",
+            "7",
+            "-o",
+            str(tmp_path / name),
+            "--json",
+            timeout_s=300,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        reports.append(json.loads(result.stdout))
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+    report = reports[0]
+    assert report["evaluations"] == 100
+    assert set(report["baselines"]) == {
+        "none",
+        "xla",
+        "xla-nocombine",
+        "horovod",
+        "horovod-legacy",
+        "ddp",
+        "mgwfbp",
+    }
+    assert report["plan_s"] < report["baselines"]["none"]
+    assert report["speedup_vs_xla"] == pytest.approx(report["baselines"]["xla"] / report["plan_s"])
+    simulated = run_cli(
+        "simulate",
+        module_files["jax_pmap_step"],
+        "--cluster",
+        "a100-2x8-100g",
+        "--plan",
+        str(tmp_path / "a.json"),
+        "--json",
+    )
+    assert json.loads(simulated.stdout)["iteration_s"] == pytest.approx(report["plan_s"])
+
+
+def test_optimize_refuses_a_bad_budget(module_files, tmp_path):
+    result = run_cli(
+        "optimize",
+        module_files["jax_pmap_step"],
+        "--cluster",
+        "cpu-local",
+        "--budget-s",
+        "0",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
+    assert result.returncode == 2 and "must be positive" in result.stderr
