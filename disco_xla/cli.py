@@ -271,67 +271,104 @@ def _optimize(args: argparse.Namespace) -> int:
     jax.config.update("jax_num_cpu_devices", devices_needed(module))
     combined = compile_module(module)
     separate = compile_module(module, ["cpu-all-reduce-combiner"])
-    results = {}
-    for name in BASELINES:
-        chosen = baseline(name, module, combined, separate, profile, cost_model)
-        results[name] = simulate(build_task_graph(chosen.module, chosen.plan), profile, cost_model)
+    plans = {
+        name: baseline(name, module, combined, separate, profile, cost_model) for name in BASELINES
+    }
+
+    def run(target, plan, ideal=None):
+        return simulate(build_task_graph(target, plan), profile, cost_model, ideal_compute_s=ideal)
+
+    # C of T_ideal: the kernel time of XLA's fused module (no bucket copies there).
+    xla_compute_s = run(plans["xla-nocombine"].module, plans["xla-nocombine"].plan).compute_s
+    results = {name: run(b.module, b.plan, xla_compute_s) for name, b in plans.items()}
+    starts = [Plan.unfused(module), greedy_fusion_plan(module)]
     quiet = args.json or not sys.stderr.isatty()
-    with tqdm(total=args.max_evals, disable=quiet, desc="searching", leave=False) as bar:
+    found = {}
+    # The ablations first; the full search then starts from the best of them too,
+    # so it is never worse than either.
+    for moves, label in (
+        ("fusion", "fusion-only"),
+        ("bucketing", "bucketing-only"),
+        ("all", "found"),
+    ):
+        if label == "found":
+            starts = starts + [found["fusion-only"].plan, found["bucketing-only"].plan]
+        with tqdm(total=args.max_evals, disable=quiet, desc=label, leave=False) as bar:
 
-        def progress(evaluations: int, best_s: float) -> None:
-            bar.update(evaluations - bar.n)
-            bar.set_postfix_str(f"best {best_s * 1e3:.3f} ms")
+            def progress(evaluations: int, best_s: float, bar=bar) -> None:
+                bar.update(evaluations - bar.n)
+                bar.set_postfix_str(f"best {best_s * 1e3:.3f} ms")
 
-        found = search(
-            module,
-            profile,
-            cost_model,
-            [Plan.unfused(module), greedy_fusion_plan(module)],
-            alpha=args.alpha,
-            budget_s=args.budget_s,
-            max_evaluations=args.max_evals,
-            seed=args.seed,
-            on_evaluation=progress,
-        )
-    plan_result = simulate(build_task_graph(module, found.plan), profile, cost_model)
+            found[label] = search(
+                module,
+                profile,
+                cost_model,
+                starts,
+                alpha=args.alpha,
+                budget_s=args.budget_s,
+                max_evaluations=args.max_evals,
+                seed=args.seed,
+                on_evaluation=progress,
+                moves=moves,
+            )
+        results[label] = run(module, found[label].plan, xla_compute_s)
+    results = {k: results[k] for k in (*BASELINES, "fusion-only", "bucketing-only", "found")}
+    best = found["found"]
+    plan_result = results["found"]
+    plan_path = args.output if args.output.endswith(".json") else args.output + ".plan.json"
     try:
-        with open(args.output, "w") as file:
-            file.write(found.plan.to_json())
+        with open(plan_path, "w") as file:
+            file.write(best.plan.to_json())
     except OSError as error:
-        raise DiscoInputError(args.output, f"cannot write it ({error.strerror})") from None
+        raise DiscoInputError(plan_path, f"cannot write it ({error.strerror})") from None
+    if plan_path != args.output:  # -o names a module: search and apply in one go
+        from disco_xla.hlo_passes.hlo_io import save_module
+        from disco_xla.runtime.apply import RewriteError, apply_plan
+
+        try:
+            save_module(apply_plan(module, best.plan, plan_path), args.output)
+        except RewriteError as error:
+            raise DiscoInputError(args.output, str(error)) from None
+    if args.report:
+        from disco_xla.report import write_report
+
+        write_report(args.report, module, profile, results, best.plan)
     xla_s = results["xla"].iteration_s
     report = {
         "plan_s": plan_result.iteration_s,
-        "baselines": {name: r.iteration_s for name, r in results.items()},
+        "baselines": {
+            name: results[name].iteration_s
+            for name in (*BASELINES, "fusion-only", "bucketing-only")
+        },
         "ideal_s": plan_result.ideal_s,
         "speedup_vs_xla": xla_s / plan_result.iteration_s,
-        "evaluations": found.evaluations,
-        "search_s": found.search_s,
+        "evaluations": best.evaluations,
+        "search_s": best.search_s,
         "cost_model": cost_model.name,
         "cluster": profile.name,
-        "plan": args.output,
+        "plan": plan_path,
     }
     if args.json:
         print(json.dumps(report))
         return 0
     print(
         f"{module.name} on {profile.name}, cost model {cost_model.name}: "
-        f"{found.evaluations} plans evaluated in {found.search_s:.1f} s"
+        f"{best.evaluations} plans evaluated in {best.search_s:.1f} s"
     )
     header = ("plan", "iteration ms", "vs xla", "T/T_ideal", "exposed ms", "buckets")
     print("{:<16}{:>14}{:>9}{:>11}{:>12}{:>9}".format(*header))
-    for name, result in [*results.items(), ("found", plan_result)]:
+    for name, result in results.items():
         print(
             f"{name:<16}{result.iteration_s * 1e3:>14.3f}{xla_s / result.iteration_s:>8.2f}x"
             f"{result.t_over_ideal:>11.2f}{result.exposed_comm_s * 1e3:>12.3f}{result.buckets:>9}"
         )
-    slower = [name for name, r in results.items() if r.iteration_s < plan_result.iteration_s]
-    if slower:
+    faster = [name for name in BASELINES if results[name].iteration_s < plan_result.iteration_s]
+    if faster:
         print(
-            f"note: the found plan is slower than {', '.join(slower)}; the search starts from "
+            f"note: the found plan is slower than {', '.join(faster)}; the search starts from "
             "no fusion and a greedy XLA-like fusion of the original module, not from XLA's own"
         )
-    print(f"wrote {args.output}")
+    print(f"wrote {plan_path}" + ("" if plan_path == args.output else f" and {args.output}"))
     return 0
 
 
@@ -494,7 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--alpha", type=float, default=1.05, help="keep children below alpha x best"
     )
     optimize.add_argument("--seed", type=int, default=0)
-    optimize.add_argument("-o", "--output", required=True, help="PLAN.json to write")
+    optimize.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="PLAN.json, or a module path (.pb, .txt, ...) to search and apply in one go",
+    )
+    optimize.add_argument("--report", help="write an HTML report here")
     optimize.add_argument("--json", action="store_true")
     optimize.set_defaults(run=_optimize)
 

@@ -76,13 +76,16 @@ def greedy_fusion_plan(module: HloModule) -> Plan:
     return replace(unfused, fusion_groups=tuple(groups))
 
 
+MOVE_KINDS = ("all", "fusion", "bucketing")
+
+
 def _neighbours(
-    plan: Plan, module_users: dict[str, set[str]], rng: random.Random
+    plan: Plan, module_users: dict[str, set[str]], rng: random.Random, kinds: str = "all"
 ) -> Iterator[Plan]:
     buckets = [list(b) for b in plan.all_reduce_buckets]
     groups = [list(g) for g in plan.fusion_groups]
     moves: list[Callable[[], Plan]] = []
-    for k in range(len(buckets) - 1):
+    for k in range(len(buckets) - 1) if kinds != "fusion" else ():
         moves.append(
             lambda k=k: _with_buckets(
                 plan, buckets[:k] + [buckets[k] + buckets[k + 1]] + buckets[k + 2 :]
@@ -106,7 +109,7 @@ def _neighbours(
                     + buckets[k + 2 :],
                 )
             )
-    for k, bucket in enumerate(buckets):
+    for k, bucket in enumerate(buckets if kinds != "fusion" else []):
         if len(bucket) > 1:
             middle = len(bucket) // 2
             moves.append(
@@ -115,7 +118,7 @@ def _neighbours(
                 )
             )
     group_of = {name: n for n, group in enumerate(groups) for name in group}
-    for n, group in enumerate(groups):
+    for n, group in enumerate(groups if kinds != "bucketing" else []):
         readers = {
             group_of[u] for name in group for u in module_users.get(name, ()) if u in group_of
         }
@@ -155,11 +158,15 @@ def search(
     max_evaluations: int = 1000,
     seed: int = 0,
     on_evaluation: Callable[[int, float], None] = lambda evaluations, best_s: None,
+    moves: str = "all",
 ) -> SearchResult:
     """Best-first backtracking from the best of `start_plans` (so the result is
-    never worse than any of them)."""
+    never worse than any of them). `moves` limits the search to 'fusion' or
+    'bucketing' moves, for the ablations."""
     if budget_s <= 0 or max_evaluations <= 0:
         raise DiscoInputError("search", "the budget must be positive")
+    if moves not in MOVE_KINDS:
+        raise ValueError(f"moves must be one of {MOVE_KINDS}")
     rng = random.Random(seed)
     users = {i.name: {u.name for u in i.users} for i in module.instructions()}
     started = time.perf_counter()
@@ -192,7 +199,7 @@ def search(
     counter = 1
     while queue and evaluations < max_evaluations and time.perf_counter() - started < budget_s:
         _, _, plan = heapq.heappop(queue)
-        for child in _neighbours(plan, users, rng):
+        for child in _neighbours(plan, users, rng, moves):
             if evaluations >= max_evaluations or time.perf_counter() - started >= budget_s:
                 break
             key = child.to_json()

@@ -73,19 +73,22 @@ def simulate(
     profile: ClusterProfile,
     cost_model: CostModel,
     comm_cost: CommCostFn = all_reduce_s,
+    ideal_compute_s: float | None = None,
 ) -> SimulationResult:
-    """Simulate one iteration. Garbage collection pauses meanwhile: the run only
-    allocates, and a large module makes every collection slow."""
+    """Simulate one iteration. `ideal_compute_s` is C of T_ideal = max(C, A): the
+    kernel time of XLA's fused module when the caller has it, else this plan's own.
+    Garbage collection pauses meanwhile: the run only allocates, and a large module
+    makes every collection slow."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(graph, profile, cost_model, comm_cost)
+        return _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s)
     finally:
         if collecting:
             gc.enable()
 
 
-def _simulate(graph, profile, cost_model, comm_cost) -> SimulationResult:
+def _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s) -> SimulationResult:
     kernel_s = cost_model.kernels_s(graph)
     comm_task_s = [comm_cost(size, profile) for _, size, _ in graph.communications]
     copy_s = [
@@ -109,7 +112,8 @@ def _simulate(graph, profile, cost_model, comm_cost) -> SimulationResult:
         if bucket
     )
     compute_total = sum(end - start for start, end in compute)
-    ideal = max(sum(kernel_s), comm_cost(gradient_bytes, profile))
+    compute_bound = sum(kernel_s) if ideal_compute_s is None else ideal_compute_s
+    ideal = max(compute_bound, comm_cost(gradient_bytes, profile))
     return SimulationResult(
         iteration_s=iteration_s,
         compute_s=compute_total,

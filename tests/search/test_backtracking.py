@@ -87,7 +87,12 @@ def test_optimize_cli_writes_the_same_plan_twice_and_reports_baselines(module_fi
         "horovod-legacy",
         "ddp",
         "mgwfbp",
+        "fusion-only",
+        "bucketing-only",
     }
+    # The ablations search with one kind of move; the full search starts from them.
+    assert report["plan_s"] <= report["baselines"]["fusion-only"]
+    assert report["plan_s"] <= report["baselines"]["bucketing-only"]
     assert report["plan_s"] < report["baselines"]["none"]
     assert report["speedup_vs_xla"] == pytest.approx(report["baselines"]["xla"] / report["plan_s"])
     simulated = run_cli(
@@ -114,3 +119,30 @@ def test_optimize_refuses_a_bad_budget(module_files, tmp_path):
         str(tmp_path / "p.json"),
     )
     assert result.returncode == 2 and "must be positive" in result.stderr
+
+
+def test_optimize_to_a_module_searches_applies_and_reports(module_files, tmp_path):
+    out = tmp_path / "step.optimized.hlo.pb"
+    report = tmp_path / "report.html"
+    result = run_cli(
+        "optimize",
+        module_files["jax_pmap_step"],
+        "--cluster",
+        "cpu-local",
+        "--max-evals",
+        "60",
+        "-o",
+        str(out),
+        "--report",
+        str(report),
+        timeout_s=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    plan = Plan.from_json((tmp_path / "step.optimized.hlo.pb.plan.json").read_text())
+    from disco_xla import load_module
+
+    rewritten = load_module(out)
+    assert len(rewritten.gradient_all_reduces) == len(plan.all_reduce_buckets)
+    page = report.read_text()
+    assert "data:image/png;base64," in page and "bucketing-only" in page
+    assert page.count("<tr>") >= 10 + len(plan.all_reduce_buckets)
