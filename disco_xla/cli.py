@@ -260,7 +260,7 @@ def _optimize(args: argparse.Namespace) -> int:
     from disco_xla.runtime.xla_runner import compile_module, devices_needed
     from disco_xla.search.backtracking import greedy_fusion_plan, search
     from disco_xla.search.baselines import BASELINES, baseline
-    from disco_xla.simulator.cost_models import RooflineCostModel
+    from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
     from disco_xla.simulator.events import simulate
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
@@ -268,6 +268,10 @@ def _optimize(args: argparse.Namespace) -> int:
     module = load_module(args.file)
     profile = load_profile(args.cluster)
     cost_model = RooflineCostModel(profile)
+    if args.cost_model == "table":
+        if not args.table:
+            raise DiscoInputError("optimize", "--cost-model table needs --table TIMES.json")
+        cost_model = TableCostModel.load(args.table, fallback=cost_model)
     jax.config.update("jax_num_cpu_devices", devices_needed(module))
     combined = compile_module(module)
     separate = compile_module(module, ["cpu-all-reduce-combiner"])
@@ -531,6 +535,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--alpha", type=float, default=1.05, help="keep children below alpha x best"
     )
     optimize.add_argument("--seed", type=int, default=0)
+    optimize.add_argument("--cost-model", choices=["roofline", "table"], default="roofline")
+    optimize.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
     optimize.add_argument(
         "-o",
         "--output",

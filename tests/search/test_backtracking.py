@@ -146,3 +146,23 @@ def test_optimize_to_a_module_searches_applies_and_reports(module_files, tmp_pat
     page = report.read_text()
     assert "data:image/png;base64," in page and "bucketing-only" in page
     assert page.count("<tr>") >= 10 + len(plan.all_reduce_buckets)
+
+
+def test_python_api_returns_a_legal_plan_and_matches_the_search(step):
+    import disco_xla
+
+    plan = disco_xla.optimize(step, cluster="a100-2x8-100g", max_evaluations=80, seed=5)
+    assert isinstance(plan, disco_xla.Plan)
+    verify_plan(plan, step)
+    profile = load_profile("a100-2x8-100g")
+    direct = search(
+        step,
+        profile,
+        RooflineCostModel(profile),
+        [Plan.unfused(step), greedy_fusion_plan(step)],
+        max_evaluations=80,
+        seed=5,
+    )
+    assert plan == direct.plan
+    with pytest.raises(DiscoInputError, match="unknown cost model"):
+        disco_xla.optimize(step, cluster="cpu-local", cost_model="gnn")
