@@ -175,18 +175,14 @@ def _simulate(args: argparse.Namespace) -> int:
     from disco_xla.hlo_passes.hlo_io import load_module
     from disco_xla.plan import Plan, verify_plan
     from disco_xla.search.baselines import BASELINES, baseline
-    from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
+    from disco_xla.simulator.cost_models import TableCostModel, make_cost_model
     from disco_xla.simulator.events import chrome_trace, plot_gantt, simulate
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
     module = load_module(args.file)
     profile = load_profile(args.cluster)
-    cost_model = RooflineCostModel(profile)
-    if args.cost_model == "table":
-        if not args.table:
-            raise DiscoInputError("simulate", "--cost-model table needs --table TIMES.json")
-        cost_model = TableCostModel.load(args.table, fallback=cost_model)
+    cost_model = make_cost_model(args.cost_model, profile, args.table)
     note = ""
     if args.plan in BASELINES:
         compiled = {}
@@ -260,18 +256,14 @@ def _optimize(args: argparse.Namespace) -> int:
     from disco_xla.runtime.xla_runner import compile_module, devices_needed
     from disco_xla.search.backtracking import greedy_fusion_plan, search
     from disco_xla.search.baselines import BASELINES, baseline
-    from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
+    from disco_xla.simulator.cost_models import make_cost_model
     from disco_xla.simulator.events import simulate
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
     module = load_module(args.file)
     profile = load_profile(args.cluster)
-    cost_model = RooflineCostModel(profile)
-    if args.cost_model == "table":
-        if not args.table:
-            raise DiscoInputError("optimize", "--cost-model table needs --table TIMES.json")
-        cost_model = TableCostModel.load(args.table, fallback=cost_model)
+    cost_model = make_cost_model(args.cost_model, profile, args.table)
     jax.config.update("jax_num_cpu_devices", devices_needed(module))
     combined = compile_module(module)
     separate = compile_module(module, ["cpu-all-reduce-combiner"])

@@ -100,3 +100,20 @@ class TableCostModel:
             return measured
         self.misses += 1
         return self.fallback.kernel_s(kernel)
+
+
+COST_MODELS = ("roofline", "table")
+
+
+def make_cost_model(name: str, profile: ClusterProfile, table: str | None = None) -> CostModel:
+    """The cost model called `name` ('roofline', or 'table' with a table file)."""
+    roofline = RooflineCostModel(profile)
+    if name == "roofline":
+        return roofline
+    if name == "table":
+        if not table:
+            raise DiscoInputError(
+                "cost model", "the table cost model needs a table of kernel times"
+            )
+        return TableCostModel.load(table, fallback=roofline)
+    raise DiscoInputError("cost model", f"unknown cost model {name!r}; use roofline or table")
