@@ -7,7 +7,7 @@ device gets its own arguments, and we get each device's outputs back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -70,9 +70,7 @@ class ReplicatedProgram:
         data = self._executable.hlo_modules()[0].as_serialized_hlo_module_proto()
         return HloModule.from_bytes(data, "<compiled>")
 
-    def run(self, arguments_per_device: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
-        """Run once; `arguments_per_device[d][i]` is parameter i on device d.
-        Returns `outputs[d][j]`, the j-th output leaf of device d."""
+    def _place(self, arguments_per_device: Sequence[Sequence[np.ndarray]]) -> list:
         if len(arguments_per_device) != len(self.devices):
             raise ValueError(f"need arguments for {len(self.devices)} devices")
         global_arguments = []
@@ -86,9 +84,29 @@ class ReplicatedProgram:
                     tuple(shape.dims), NamedSharding(self._mesh, P()), shards
                 )
             )
-        results = self._executable.execute_sharded(global_arguments)
+        return global_arguments
+
+    def device_runner(self, arguments_per_device) -> Callable[[], None]:
+        """A function that runs one step on arguments already on the devices and
+        waits for it, with no host copies: what step times should measure."""
+        return _device_runner(self._executable, self._place(arguments_per_device))
+
+    def run(self, arguments_per_device: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
+        """Run once; `arguments_per_device[d][i]` is parameter i on device d.
+        Returns `outputs[d][j]`, the j-th output leaf of device d."""
+        results = self._executable.execute_sharded(self._place(arguments_per_device))
         per_output = results.disassemble_into_single_device_arrays()
         return [[np.asarray(output[d]) for output in per_output] for d in range(len(self.devices))]
+
+
+def _device_runner(executable, placed: list) -> Callable[[], None]:
+    def run() -> None:
+        results = executable.execute_sharded(placed)
+        for output in results.disassemble_into_single_device_arrays():
+            for shard in output:
+                shard.block_until_ready()
+
+    return run
 
 
 def _entry_parameters(module: HloModule):
@@ -174,13 +192,21 @@ class PartitionedProgram:
         data = self._executable.hlo_modules()[0].as_serialized_hlo_module_proto()
         return HloModule.from_bytes(data, "<compiled>")
 
-    def run(self, arguments: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
-        """Run once on global arguments; returns `outputs[d][j]`, the part of
-        output j that device d holds."""
-        placed = [
+    def _place(self, arguments: Sequence[np.ndarray]) -> list:
+        return [
             jax.device_put(np.asarray(value), NamedSharding(self._mesh, spec))
             for value, spec in zip(arguments, self._specs, strict=True)
         ]
+
+    def device_runner(self, arguments: Sequence[np.ndarray]) -> Callable[[], None]:
+        """A function that runs one step on arguments already on the devices and
+        waits for it, with no host copies: what step times should measure."""
+        return _device_runner(self._executable, self._place(arguments))
+
+    def run(self, arguments: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
+        """Run once on global arguments; returns `outputs[d][j]`, the part of
+        output j that device d holds."""
+        placed = self._place(arguments)
         results = self._executable.execute_sharded(placed)
         per_output = results.disassemble_into_single_device_arrays()
         return [[np.asarray(output[d]) for output in per_output] for d in range(len(self.devices))]

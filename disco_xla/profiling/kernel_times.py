@@ -1,0 +1,62 @@
+"""Per-kernel times of a compiled program, from the JAX profiler's trace.
+
+On XLA:CPU the profiler's `/host:CPU` plane has one event per thunk, named after
+the HLO instruction it runs, with the stats `hlo_op` and `hlo_module` (design notes
+§2). We run the program a few times under the profiler (each run blocks until its
+results are back) and take each instruction's median duration over all runs and
+devices. Profiling adds overhead (30-60% measured), so these times are for ranking
+and for the table cost model, not for wall-clock claims.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+import tempfile
+from collections.abc import Callable
+
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.plan import Plan
+from disco_xla.simulator.kernels import build_task_graph
+
+
+def profile_kernel_times(run: Callable[[], object], repeats: int = 5) -> dict[str, float]:
+    """Median seconds of each HLO instruction that `run` executes."""
+    import jax
+    from jax._src.lib import _profile_data
+
+    run()  # compile caches warm, first-run effects out of the trace
+    samples: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        jax.profiler.start_trace(directory)
+        try:
+            for _ in range(repeats):
+                run()
+        finally:
+            jax.profiler.stop_trace()
+        traces = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)
+        if not traces:
+            raise RuntimeError("the JAX profiler wrote no trace")
+        profile = _profile_data.ProfileData.from_file(traces[0])
+        for plane in profile.planes:
+            if plane.name != "/host:CPU":
+                continue
+            for line in plane.lines:
+                for event in line.events:
+                    stats = dict(event.stats)
+                    if "hlo_op" in stats:
+                        samples.setdefault(stats["hlo_op"], []).append(event.duration_ns * 1e-9)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def kernel_time_table(compiled: HloModule, times_s: dict[str, float]) -> dict[str, float]:
+    """{structural hash: seconds} for each kernel of a compiled module (each of its
+    top-level instructions is a kernel), the table cost model's format. Kernels the
+    trace did not show are left out, so the table model falls back to the roofline."""
+    graph = build_task_graph(compiled, Plan.unfused(compiled))
+    table: dict[str, list[float]] = {}
+    for kernel in graph.kernels:
+        if kernel.name in times_s:
+            table.setdefault(kernel.structural_hash, []).append(times_s[kernel.name])
+    return {key: statistics.median(values) for key, values in table.items()}
