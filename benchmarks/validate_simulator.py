@@ -4,10 +4,10 @@ For each captured training step and each plan, we compile the step as XLA:CPU
 does (`xla`: its fusion and combined all-reduce; `xla-nocombine`: the combiner off;
 `none`: fusion off too), run it on 4 CPU devices in one process and take the median
 step time, profile its kernels, and simulate the same compiled program with the
-`cpu-local` profile (calibrated) and the table cost model built from those kernel
+`cpu-local` profile (calibrated; or `--cluster`) and the table cost model built from those kernel
 times. Target (issue 4): within 10% on every case.
 
-    .venv/bin/python benchmarks/validate_simulator.py
+    .venv/bin/python benchmarks/validate_simulator.py [--cluster cpu-local-inprocess]
 """
 
 from __future__ import annotations
@@ -28,7 +28,13 @@ PLANS = {
 
 
 def main() -> int:
+    import argparse
+
     import jax
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cluster", default="cpu-local", help="profile name or YAML path")
+    cluster = parser.parse_args().cluster
 
     jax.config.update("jax_num_cpu_devices", DEVICES)
     from disco_xla import capture_jax
@@ -43,7 +49,7 @@ def main() -> int:
     from disco_xla.timing import median_seconds
     from disco_xla.zoo.jax_steps import build_jax_step
 
-    profile = load_profile("cpu-local")
+    profile = load_profile(cluster)
     steps = {"mlp (demo)": capture_jax(*_demo(build_step))}
     for name in ("gpt2_small", "resnet50"):
         built = build_jax_step(name, "tiny", replicas=DEVICES, global_batch=4 * DEVICES)
