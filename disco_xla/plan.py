@@ -157,7 +157,8 @@ def _instructions_by_name(module: HloModule, source: str) -> dict[str, Instructi
 
 
 def _check_groups(plan, module, by_name, max_expensive, source) -> dict[int, int]:
-    expected = {id(i) for i in compute_instructions(module)}
+    compute = compute_instructions(module)
+    expected = {id(i) for i in compute}
     group_of: dict[int, int] = {}
     for index, group in enumerate(plan.fusion_groups):
         if not group:
@@ -186,7 +187,7 @@ def _check_groups(plan, module, by_name, max_expensive, source) -> dict[int, int
                 f"fusion group {index} has {expensive} dots/convolutions; at most "
                 f"{max_expensive} per kernel",
             )
-    missing = [i.name for i in compute_instructions(module) if id(i) not in group_of]
+    missing = [i.name for i in compute if id(i) not in group_of]
     if missing:
         raise DiscoInputError(
             source,

@@ -22,8 +22,8 @@ from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.runtime.xla_runner import (
     PartitionedProgram,
-    ReplicatedProgram,
     compile_module,
+    program_for,
     random_arguments,
 )
 
@@ -81,14 +81,13 @@ def verify_rewrite(
     original: HloModule, rewritten: HloModule, devices: int, rounds: int = 5, seed: int = 0
 ) -> Comparison:
     """Run both modules on the same random inputs on `devices` CPU devices."""
-    first = _program(original, devices)
-    second = _program(rewritten, devices)
+    first = program_for(original, devices, NO_COMBINER)
+    second = program_for(rewritten, devices, NO_COMBINER)
     if [str(s) for s in first.parameters] != [str(s) for s in second.parameters]:
         raise RewriteError("the two modules take different parameters")
     arguments = random_arguments(first.parameters, seed)
-    run_first = _runner(first, arguments)
-    run_second = _runner(second, arguments)
-    outputs_first, outputs_second = run_first(), run_second()
+    inputs = [_inputs(first, arguments), _inputs(second, arguments)]
+    outputs_first, outputs_second = first.run(inputs[0]), second.run(inputs[1])
     scales = [
         float(np.max(np.abs(a.astype(np.float64))))
         for outputs in outputs_first
@@ -109,7 +108,7 @@ def verify_rewrite(
             max_abs, max_rel = max(max_abs, diff), max(max_rel, diff / max(scale, 1e-30))
             used = max(used, diff / max(RELATIVE_TOLERANCE * (scale + typical), 1e-30))
     # Step times on arguments already on the devices, without host copies.
-    step_first, step_second = _device_runner(first, arguments), _device_runner(second, arguments)
+    step_first, step_second = first.device_runner(inputs[0]), second.device_runner(inputs[1])
     step_first(), step_second()
     times_first, times_second = [], []
     for round_index in range(rounds):  # paired and alternating: the machine is noisy
@@ -130,21 +129,9 @@ def verify_rewrite(
     )
 
 
-def _program(module: HloModule, devices: int):
-    counts = module.device_counts()
-    if counts["num_partitions"] > 1:
-        return PartitionedProgram(module, devices, NO_COMBINER)
-    return ReplicatedProgram(module, devices, NO_COMBINER)
-
-
-def _device_runner(program, arguments):
+def _inputs(program, arguments):
+    """What `program.run` takes: global arguments for partitions, or the same
+    arguments on every replica."""
     if isinstance(program, PartitionedProgram):
-        return program.device_runner(arguments)
-    return program.device_runner([arguments] * len(program.devices))
-
-
-def _runner(program, arguments):
-    if isinstance(program, PartitionedProgram):
-        return lambda: program.run(arguments)
-    per_device = [arguments] * len(program.devices)
-    return lambda: program.run(per_device)
+        return arguments
+    return [arguments] * len(program.devices)

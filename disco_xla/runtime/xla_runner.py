@@ -24,12 +24,7 @@ from disco_xla.hlo_passes.shapes import Shape
 def compile_module(module: HloModule, disabled_passes: Sequence[str] = ()) -> HloModule:
     """The module as XLA:CPU compiles it for its own device counts (partitions
     from pmap or shard_map, or replicas), with `disabled_passes` off."""
-    counts = module.device_counts()
-    if counts["num_partitions"] > 1:
-        program = PartitionedProgram(module, counts["num_partitions"], disabled_passes)
-    else:
-        program = ReplicatedProgram(module, counts["num_replicas"], disabled_passes)
-    return program.compiled_module()
+    return program_for(module, disabled_passes=disabled_passes).compiled_module()
 
 
 def devices_needed(module: HloModule) -> int:
@@ -37,32 +32,53 @@ def devices_needed(module: HloModule) -> int:
     return max(counts["num_partitions"], counts["num_replicas"])
 
 
+def program_for(module: HloModule, devices: int | None = None, disabled_passes: Sequence[str] = ()):
+    """A PartitionedProgram for a pmap or shard_map module, else a
+    ReplicatedProgram, on `devices` devices (by default, as many as it needs)."""
+    devices = devices or devices_needed(module)
+    if module.device_counts()["num_partitions"] > 1:
+        return PartitionedProgram(module, devices, disabled_passes)
+    return ReplicatedProgram(module, devices, disabled_passes)
+
+
+def _cpu_devices(count: int) -> list:
+    available = jax.devices("cpu")
+    if len(available) < count:
+        raise RuntimeError(
+            f"the module needs {count} CPU devices, JAX has {len(available)}; "
+            "set jax_num_cpu_devices before JAX starts"
+        )
+    return available[:count]
+
+
+def _compile(module: HloModule, devices: list, options, disabled_passes: Sequence[str]):
+    """Compile for `devices` with `options`; `disabled_passes` are off for this
+    compile only (global XLA_FLAGS are left alone)."""
+    options.device_assignment = xla_client.DeviceAssignment.create(
+        np.arange(len(devices)).reshape(
+            (len(devices), 1) if options.num_replicas > 1 else (1, len(devices))
+        )
+    )
+    if disabled_passes:
+        options.executable_build_options.debug_options.xla_disable_hlo_passes = ",".join(
+            disabled_passes
+        )
+    stablehlo = _jax.mlir.hlo_to_stablehlo(module.to_bytes())
+    return xla_bridge.get_backend("cpu").compile_and_load(
+        stablehlo, xla_client.DeviceList(tuple(devices)), options
+    )
+
+
 class ReplicatedProgram:
     """A module compiled for `replicas` CPU devices, one replica per device."""
 
     def __init__(self, module: HloModule, replicas: int, disabled_passes: Sequence[str] = ()):
-        devices = jax.devices("cpu")
-        if len(devices) < replicas:
-            raise RuntimeError(
-                f"{replicas} replicas need {replicas} CPU devices, JAX has {len(devices)}; "
-                "set jax_num_cpu_devices before JAX starts"
-            )
-        self.devices = devices[:replicas]
+        self.devices = _cpu_devices(replicas)
         self.parameters = [p.shape for p in _entry_parameters(module)]
         options = xla_client.CompileOptions()
         options.num_replicas = replicas
         options.num_partitions = 1
-        options.device_assignment = xla_client.DeviceAssignment.create(
-            np.arange(replicas).reshape(replicas, 1)
-        )
-        if disabled_passes:
-            options.executable_build_options.debug_options.xla_disable_hlo_passes = ",".join(
-                disabled_passes
-            )
-        stablehlo = _jax.mlir.hlo_to_stablehlo(module.to_bytes())
-        self._executable = xla_bridge.get_backend("cpu").compile_and_load(
-            stablehlo, xla_client.DeviceList(tuple(self.devices)), options
-        )
+        self._executable = _compile(module, self.devices, options, disabled_passes)
         self._mesh = Mesh(np.array(self.devices), ("replica",))
 
     def compiled_module(self) -> HloModule:
@@ -153,12 +169,7 @@ class PartitionedProgram:
     shardings say (a pmap'd step: leading axis over the devices)."""
 
     def __init__(self, module: HloModule, devices: int, disabled_passes: Sequence[str] = ()):
-        available = jax.devices("cpu")
-        if len(available) < devices:
-            raise RuntimeError(
-                f"{devices} partitions need {devices} CPU devices, JAX has {len(available)}"
-            )
-        self.devices = available[:devices]
+        self.devices = _cpu_devices(devices)
         self._mesh = Mesh(np.array(self.devices), ("d",))
         self.parameters = [p.shape for p in _entry_parameters(module)]
         options = xla_client.CompileOptions()
@@ -167,15 +178,7 @@ class PartitionedProgram:
         build = options.executable_build_options
         build.use_spmd_partitioning = True
         build.use_shardy_partitioner = True
-        if disabled_passes:
-            build.debug_options.xla_disable_hlo_passes = ",".join(disabled_passes)
-        options.device_assignment = xla_client.DeviceAssignment.create(
-            np.arange(devices).reshape(1, devices)
-        )
-        stablehlo = _jax.mlir.hlo_to_stablehlo(module.to_bytes())
-        self._executable = xla_bridge.get_backend("cpu").compile_and_load(
-            stablehlo, xla_client.DeviceList(tuple(self.devices)), options
-        )
+        self._executable = _compile(module, self.devices, options, disabled_passes)
         # The layout XLA chose for each argument (a jit of shard_map leaves it to
         # sharding propagation, so the module itself may not say).
         self._specs = [
