@@ -18,6 +18,14 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERNAL_ERROR = 1
 
 
+def _use_devices(module) -> None:
+    import jax
+
+    from disco_xla.runtime.xla_runner import devices_needed
+
+    jax.config.update("jax_num_cpu_devices", devices_needed(module))
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from disco_xla.hlo_passes.hlo_io import load_module
     from disco_xla.hlo_passes.summary import format_summary, summarize
@@ -52,7 +60,9 @@ def _capture(args: argparse.Namespace) -> int:
         raise DiscoInputError(
             args.model, f"no {args.framework} model of this name; choose from {', '.join(names)}"
         ) from None
-    if args.replicas < 1 or (args.batch is not None and args.batch % args.replicas):
+    if args.replicas < 1:
+        raise DiscoInputError(args.model, f"--replicas must be at least 1, not {args.replicas}")
+    if args.batch is not None and args.batch % args.replicas:
         raise DiscoInputError(
             args.model, f"the batch {args.batch} must split evenly over {args.replicas} replicas"
         )
@@ -187,11 +197,9 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.plan in BASELINES:
         compiled = {}
         if args.plan != "none":
-            import jax
+            from disco_xla.runtime.xla_runner import compile_module
 
-            from disco_xla.runtime.xla_runner import compile_module, devices_needed
-
-            jax.config.update("jax_num_cpu_devices", devices_needed(module))
+            _use_devices(module)
             compiled = {
                 "compiled_combined": compile_module(module),
                 "compiled_separate": compile_module(module, ["cpu-all-reduce-combiner"]),
@@ -248,12 +256,11 @@ def _optimize(args: argparse.Namespace) -> int:
         raise DiscoInputError("optimize", "--budget-s and --max-evals must be positive")
     if args.alpha < 1:
         raise DiscoInputError("optimize", "--alpha must be at least 1")
-    import jax
     from tqdm import tqdm
 
     from disco_xla.hlo_passes.hlo_io import load_module
     from disco_xla.plan import Plan
-    from disco_xla.runtime.xla_runner import compile_module, devices_needed
+    from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.backtracking import greedy_fusion_plan, search
     from disco_xla.search.baselines import BASELINES, baseline
     from disco_xla.simulator.cost_models import make_cost_model
@@ -264,7 +271,7 @@ def _optimize(args: argparse.Namespace) -> int:
     module = load_module(args.file)
     profile = load_profile(args.cluster)
     cost_model = make_cost_model(args.cost_model, profile, args.table)
-    jax.config.update("jax_num_cpu_devices", devices_needed(module))
+    _use_devices(module)
     combined = compile_module(module)
     separate = compile_module(module, ["cpu-all-reduce-combiner"])
     plans = {
@@ -378,14 +385,6 @@ def _load_plan(path: str):
         raise DiscoInputError(path, f"cannot read the plan ({error.strerror})") from None
 
 
-def _use_devices(module) -> None:
-    import jax
-
-    from disco_xla.runtime.xla_runner import devices_needed
-
-    jax.config.update("jax_num_cpu_devices", devices_needed(module))
-
-
 def _apply(args: argparse.Namespace) -> int:
     from disco_xla.hlo_passes.hlo_io import load_module, save_module
 
@@ -407,13 +406,18 @@ def _apply(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    import jax
 
     from disco_xla.hlo_passes.hlo_io import load_module
 
     original = load_module(args.original)
     rewritten = load_module(args.rewritten)
-    jax.config.update("jax_num_cpu_devices", args.devices)
+    from disco_xla.runtime.xla_runner import devices_needed
+
+    for path, module in ((args.original, original), (args.rewritten, rewritten)):
+        needed = devices_needed(module)
+        if needed != args.devices:
+            raise DiscoInputError(path, f"the module runs on {needed} devices, not {args.devices}")
+    _use_devices(original)
     from disco_xla.runtime.apply import RewriteError, verify_rewrite
 
     try:

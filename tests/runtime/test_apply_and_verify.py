@@ -77,3 +77,11 @@ def test_verify_refuses_modules_with_different_parameters(module_files):
     )
     assert result.returncode == 2 and "different parameters" in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+def test_verify_refuses_a_device_count_the_module_was_not_made_for(module_files):
+    result = run_cli(
+        "verify", module_files["jax_pmap_step"], module_files["jax_pmap_step"], "--devices", "2"
+    )
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "runs on 4 devices, not 2" in result.stderr
