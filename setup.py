@@ -1,8 +1,26 @@
 """disco-xla: joint op-fusion and all-reduce bucketing for data-parallel XLA training."""
 
 import glob
+import os
+import shutil
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HOOK = "disco_xla_hook.pth"  # the DISCO_XLA_FLAGS hook; see disco_xla/env_hook.py
+
+
+class BuildWithHook(build_py):
+    """Also puts the hook's .pth file at the root of the wheel, so that it lands in
+    site-packages, where Python runs it at start-up. (Editable installs do not
+    build a wheel: the Makefile copies the file into the venv instead.)"""
+
+    def run(self):
+        super().run()
+        shutil.copy(HOOK, os.path.join(self.build_lib, HOOK))
+
+    def get_outputs(self, include_bytecode=True):
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, HOOK)]
 
 setup(
     name="disco-xla",
@@ -26,6 +44,11 @@ setup(
     ],
     extras_require={"tf": ["tensorflow-cpu==2.21.0"]},
     # Cluster profiles, found by name at run time (see disco_xla/simulator/profiles.py).
-    data_files=[("share/disco-xla/configs/clusters", glob.glob("configs/clusters/*.yaml"))],
+    data_files=[
+        ("share/disco-xla/configs/clusters", glob.glob("configs/clusters/*.yaml")),
+        # Shipped GNN cost-model weights (see disco_xla/simulator/gnn.py).
+        ("share/disco-xla/configs/costmodels/cpu", glob.glob("configs/costmodels/cpu/*")),
+    ],
+    cmdclass={"build_py": BuildWithHook},
     entry_points={"console_scripts": ["disco-xla=disco_xla.cli:main"]},
 )

@@ -12,6 +12,8 @@ inputs on N CPU devices, alternating, and compares outputs and step times.
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,18 +40,20 @@ class RewriteError(RuntimeError):
     """The rewritten module failed its own verification."""
 
 
-def apply_plan(module: HloModule, plan: Plan, plan_source: str = "<plan>") -> HloModule:
+def apply_plan(
+    module: HloModule, plan: Plan, plan_source: str = "<plan>", fusion: bool = True
+) -> HloModule:
     """A rewritten copy of `module` that runs `plan`; raises RewriteError if the
-    result does not compile to the plan's all-reduces."""
+    result does not compile to the plan's all-reduces. With `fusion=False` only
+    the buckets are applied and XLA fuses as it would (its results are then
+    bit-equal to the original's, where enforced fusion groups may change the
+    order of floating-point reductions)."""
     verify_plan(plan, module, source=plan_source)
     rewritten = HloModule.from_bytes(module.to_bytes(), f"{module.source} + {plan_source}")
-    outline_fusion_groups(rewritten, plan)
+    if fusion:
+        outline_fusion_groups(rewritten, plan)
     bucket_all_reduces(rewritten, plan)
-    by_name = {i.name: i for i in module.instructions()}
-    expected = sorted(
-        [sum(by_name[n].shape.bytes for n in bucket) for bucket in plan.all_reduce_buckets]
-        + [a.bytes for a in module.all_reduces if not a.is_gradient]
-    )
+    expected = _expected_all_reduce_bytes(module, plan)
     try:
         compiled = compile_module(rewritten, NO_COMBINER)
     except Exception as error:  # noqa: BLE001 - any XLA failure is a failed rewrite
@@ -60,6 +64,64 @@ def apply_plan(module: HloModule, plan: Plan, plan_source: str = "<plan>") -> Hl
             f"the compiled module has all-reduces of {got} bytes, the plan asks for {expected}"
         )
     return rewritten
+
+
+def _expected_all_reduce_bytes(module: HloModule, plan: Plan) -> list[int]:
+    """The all-reduce sizes the rewritten module must compile to: those of the
+    original as XLA compiles it with the combiner off (XLA may already drop or
+    merge duplicates there), with each bucket of several gradients in place of
+    its members."""
+    by_name = {i.name: i for i in module.instructions()}
+    sizes = Counter(a.bytes for a in compile_module(module, NO_COMBINER).all_reduces)
+    for bucket in plan.all_reduce_buckets:
+        if len(bucket) < 2:
+            continue
+        members = [by_name[name].shape.bytes for name in bucket]
+        for size in members:
+            if sizes[size] > 0:
+                sizes[size] -= 1
+        sizes[sum(members)] += 1
+    return sorted(sizes.elements())
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    equal: bool  # bit-equal, or every output within the tolerance
+    bit_equal: bool
+    max_abs_diff: float
+    max_rel_diff: float  # largest |a - b| / max|a| over the outputs
+    tolerance_used: float  # largest |a - b| / (1e-6 · (max|a| + typical scale)); equal if <= 1
+
+
+def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> OutputComparison:
+    """The one equivalence rule: bit-equal, or every output within 1e-6 of its own
+    scale plus the typical (median) output scale of `expected`."""
+    if len(expected) != len(got):
+        raise RewriteError(f"the rewritten step has {len(got)} outputs, not {len(expected)}")
+    expected = [np.asarray(a) for a in expected]
+    got = [np.asarray(b) for b in got]
+    scales = [float(np.max(np.abs(a.astype(np.float64)))) for a in expected if a.size]
+    typical = float(np.median(scales)) if scales else 0.0
+    bit_equal, max_abs, max_rel, used = True, 0.0, 0.0, 0.0
+    for a, b in zip(expected, got, strict=True):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise RewriteError(
+                f"an output changed from {a.dtype}{list(a.shape)} to {b.dtype}{list(b.shape)}"
+            )
+        if np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
+            continue
+        bit_equal = False
+        diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+        scale = float(np.max(np.abs(a.astype(np.float64))))
+        max_abs, max_rel = max(max_abs, diff), max(max_rel, diff / max(scale, 1e-30))
+        used = max(used, diff / max(RELATIVE_TOLERANCE * (scale + typical), 1e-30))
+    return OutputComparison(
+        equal=bit_equal or used <= 1.0,
+        bit_equal=bit_equal,
+        max_abs_diff=max_abs,
+        max_rel_diff=max_rel,
+        tolerance_used=used,
+    )
 
 
 @dataclass(frozen=True)
@@ -88,25 +150,10 @@ def verify_rewrite(
     arguments = random_arguments(first.parameters, seed)
     inputs = [_inputs(first, arguments), _inputs(second, arguments)]
     outputs_first, outputs_second = first.run(inputs[0]), second.run(inputs[1])
-    scales = [
-        float(np.max(np.abs(a.astype(np.float64))))
-        for outputs in outputs_first
-        for a in outputs
-        if a.size
-    ]
-    typical = float(np.median(scales)) if scales else 0.0
-    bit_equal, max_abs, max_rel, used = True, 0.0, 0.0, 0.0
-    for mine, theirs in zip(outputs_first, outputs_second, strict=True):
-        for a, b in zip(mine, theirs, strict=True):
-            if a.shape != b.shape:
-                raise RewriteError(f"an output changed shape: {a.shape} -> {b.shape}")
-            if np.array_equal(a, b):
-                continue
-            bit_equal = False
-            diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-            scale = float(np.max(np.abs(a.astype(np.float64))))
-            max_abs, max_rel = max(max_abs, diff), max(max_rel, diff / max(scale, 1e-30))
-            used = max(used, diff / max(RELATIVE_TOLERANCE * (scale + typical), 1e-30))
+    outputs = compare_outputs(
+        [a for per_device in outputs_first for a in per_device],
+        [b for per_device in outputs_second for b in per_device],
+    )
     # Step times on arguments already on the devices, without host copies.
     step_first, step_second = first.device_runner(inputs[0]), second.device_runner(inputs[1])
     step_first(), step_second()
@@ -118,11 +165,7 @@ def verify_rewrite(
             run()
             times.append(time.perf_counter() - start)
     return Comparison(
-        equal=bit_equal or used <= 1.0,
-        bit_equal=bit_equal,
-        max_abs_diff=max_abs,
-        max_rel_diff=max_rel,
-        tolerance_used=used,
+        **outputs.__dict__,
         original_s=float(np.median(times_first)),
         rewritten_s=float(np.median(times_second)),
         rounds=rounds,

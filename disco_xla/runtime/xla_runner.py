@@ -55,7 +55,7 @@ def _compile(module: HloModule, devices: list, options, disabled_passes: Sequenc
     """Compile for `devices` with `options`; `disabled_passes` are off for this
     compile only (global XLA_FLAGS are left alone)."""
     options.device_assignment = xla_client.DeviceAssignment.create(
-        np.arange(len(devices)).reshape(
+        np.array([device.id for device in devices]).reshape(
             (len(devices), 1) if options.num_replicas > 1 else (1, len(devices))
         )
     )

@@ -1,0 +1,170 @@
+"""The environment hook: `DISCO_XLA_FLAGS` turns disco-xla on for unmodified JAX
+scripts, in the style of `XLA_FLAGS`.
+
+    DISCO_XLA_FLAGS="--disco_enable --disco_cluster=cpu-local --disco_budget_s=30" python train.py
+
+The flags are absl flags in their own `FlagValues` (the script's own absl flags
+are untouched), read once, when the hook is installed. With `--disco_enable`,
+`jax.jit` and `jax.pmap` are replaced by wrappers that build `disco_xla.jit`
+functions: a step whose module reduces gradients across devices runs the
+optimised program; every other function runs as JAX would run it.
+
+The hook is installed by `import disco_xla`, and at interpreter start-up by the
+`disco_xla_hook.pth` file that installing the package puts in site-packages; the
+`.pth` line does nothing (imports nothing) unless `DISCO_XLA_FLAGS` is set. So a
+script needs no change: only the variable. A functions bound before the hook
+runs (`from jax import jit` in a module imported earlier) is not replaced.
+
+An unknown or malformed flag stops the program with one line naming it and exit
+code 2, as XLA does for `XLA_FLAGS`. This module holds the only global state of
+disco-xla.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+
+ENVIRONMENT_VARIABLE = "DISCO_XLA_FLAGS"
+EXIT_BAD_INPUT = 2
+
+
+@dataclass(frozen=True)
+class HookFlags:
+    enable: bool
+    cluster: str
+    budget_s: float
+    max_evaluations: int
+    seed: int
+    cost_model: str
+    cache_dir: str | None
+    use_cache: bool
+
+
+def _flag_values():
+    from absl import flags
+
+    values = flags.FlagValues()
+    flags.DEFINE_boolean(
+        "disco_enable", False, "optimise data-parallel JAX steps", flag_values=values
+    )
+    flags.DEFINE_string(
+        "disco_cluster", "cpu-local", "cluster profile: name or YAML", flag_values=values
+    )
+    flags.DEFINE_float(
+        "disco_budget_s", 30.0, "search budget per step, seconds", flag_values=values
+    )
+    flags.DEFINE_integer(
+        "disco_max_evaluations", 300, "plans simulated per search", flag_values=values
+    )
+    flags.DEFINE_integer("disco_seed", 0, "search seed", flag_values=values)
+    flags.DEFINE_string("disco_cost_model", "roofline", "kernel cost model", flag_values=values)
+    flags.DEFINE_string(
+        "disco_cache_dir", None, "plan cache (default ~/.cache/disco_xla)", flag_values=values
+    )
+    flags.DEFINE_boolean("disco_cache", True, "use the plan cache", flag_values=values)
+    return values
+
+
+def parse_flags(text: str) -> HookFlags:
+    """The hook's settings from the text of DISCO_XLA_FLAGS; raises ValueError
+    naming the first bad flag."""
+    from absl import flags
+
+    values = _flag_values()
+    try:
+        arguments = shlex.split(text)
+    except ValueError as error:
+        raise ValueError(f"cannot split the flags ({error})") from None
+    for argument in arguments:
+        if not argument.startswith("-"):
+            raise ValueError(f"{argument!r} is not a flag")
+    try:
+        values(["disco_xla", *arguments], known_only=False)
+    except flags.UnrecognizedFlagError as error:
+        known = ", ".join(f"--{name}" for name in sorted(values))
+        raise ValueError(f"unknown flag --{error.flagname} (known: {known})") from None
+    except flags.Error as error:
+        raise ValueError(" ".join(str(error).split())) from None
+    if values.disco_budget_s <= 0 or values.disco_max_evaluations <= 0:
+        raise ValueError("--disco_budget_s and --disco_max_evaluations must be positive")
+    return HookFlags(
+        enable=values.disco_enable,
+        cluster=values.disco_cluster,
+        budget_s=values.disco_budget_s,
+        max_evaluations=values.disco_max_evaluations,
+        seed=values.disco_seed,
+        cost_model=values.disco_cost_model,
+        cache_dir=values.disco_cache_dir,
+        use_cache=values.disco_cache,
+    )
+
+
+_installed: HookFlags | None = None
+
+
+def install() -> HookFlags | None:
+    """Read DISCO_XLA_FLAGS once and, if it enables disco-xla, replace `jax.jit`
+    and `jax.pmap`. Returns the flags (None when the variable is unset)."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    text = os.environ.get(ENVIRONMENT_VARIABLE)
+    if text is None:
+        return None
+    try:
+        hook_flags = parse_flags(text)
+    except ValueError as error:
+        print(f"disco-xla: error: {ENVIRONMENT_VARIABLE}: {error}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(EXIT_BAD_INPUT)  # also at interpreter start-up, where SystemExit is fatal
+    _installed = hook_flags
+    if hook_flags.enable:
+        _replace_jax_transforms(hook_flags)
+    return hook_flags
+
+
+def _replace_jax_transforms(hook_flags: HookFlags) -> None:
+    import functools
+
+    import jax
+
+    from disco_xla.jax_api import wrap
+    from disco_xla.planning import OptimizeSettings
+
+    settings = OptimizeSettings(
+        cluster=hook_flags.cluster,
+        budget_s=hook_flags.budget_s,
+        max_evaluations=hook_flags.max_evaluations,
+        seed=hook_flags.seed,
+        cost_model=hook_flags.cost_model,
+        cache_dir=hook_flags.cache_dir,
+        use_cache=hook_flags.use_cache,
+    )
+
+    def replacement(transform: str, original):
+        @functools.wraps(original)
+        def transformed(fun=None, /, *positional, **kwargs):
+            if fun is None:  # used as @jax.jit(static_argnums=...)
+                return functools.partial(transformed, **kwargs)
+            if positional and transform == "pmap":  # jax.pmap(f, "batch")
+                kwargs = {"axis_name": positional[0], **kwargs}
+                positional = positional[1:]
+            if positional:
+                return original(fun, *positional, **kwargs)  # a form we do not know
+            return wrap(fun, settings, transform, kwargs)
+
+        transformed.__disco_xla_original__ = original
+        return transformed
+
+    jax.jit = replacement("jit", jax.jit)
+    jax.pmap = replacement("pmap", jax.pmap)
+
+
+def startup() -> None:
+    """What the `.pth` file runs at interpreter start-up: nothing unless the
+    variable is set."""
+    if ENVIRONMENT_VARIABLE in os.environ:
+        install()

@@ -1,0 +1,331 @@
+"""`disco_xla.jit`: `jax.jit` / `jax.pmap` for data-parallel training steps, running
+the rewritten module that disco-xla's plan makes.
+
+On the first call with a given argument signature (tree structure, shapes, dtypes,
+shardings and static arguments) the step is lowered. If its module reduces
+gradients across devices, a plan is read from the plan cache or searched, the
+module is rewritten and compiled, and the rewritten program runs once beside the
+original on the same arguments. If the outputs agree (the rule of
+`runtime.apply.compare_outputs`), later calls run the rewritten program;
+otherwise, or if anything at all fails on our side, the original runs, with one
+`DiscoFallbackWarning` that says why. The first call returns the original's
+result, so training never depends on an unchecked program.
+
+Under `jax.distributed` every rank captures the module, the ranks compare its
+fingerprint (a mismatch raises `AgreementError` on every rank), rank 0 finds the
+plan and shares it, and the ranks agree before running the rewritten program and
+again on the verdict, so all of them run the same program.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from disco_xla.planning import OptimizeSettings
+
+_prepared_steps = itertools.count()  # the same on every rank of an SPMD script
+
+
+class DiscoFallbackWarning(RuntimeWarning):
+    """disco-xla runs the original program, for the reason given."""
+
+
+@dataclass
+class _Compiled:
+    status: str  # 'optimized', 'not data-parallel', or 'original: <reason>'
+    run: Callable | None = None  # the rewritten program, when status is 'optimized'
+    kept: list[int] = field(default_factory=list)
+    out_tree: Any = None
+    plan: Any = None
+
+
+class OptimizedFunction:
+    """A jitted or pmapped step that runs disco-xla's rewritten program when it
+    can and the original otherwise. Call it like the original; `lower` and other
+    attributes are the original's. `status()` says what each signature runs."""
+
+    def __init__(self, lowerable: Any, settings: OptimizeSettings, static: tuple = ((), ())):
+        self._original = lowerable
+        self._settings = settings
+        self._static_positions, self._static_names = static
+        self._by_signature: dict[Any, _Compiled] = {}
+        self._warned: set[str] = set()
+        functools.update_wrapper(self, lowerable, updated=())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._original, name)
+
+    def status(self) -> list[str]:
+        """What each signature seen so far runs, in the order they were seen."""
+        return [compiled.status for compiled in self._by_signature.values()]
+
+    def plans(self) -> list:
+        return [c.plan for c in self._by_signature.values() if c.plan is not None]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            leaves, signature = self._signature(args, kwargs)
+        except Exception:  # noqa: BLE001 - something we cannot key on: leave it to JAX
+            return self._original(*args, **kwargs)
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+            return self._original(*args, **kwargs)  # inside an outer transformation
+        compiled = self._by_signature.get(signature)
+        if compiled is None:
+            compiled, result = self._first_call(args, kwargs, leaves)
+            self._by_signature[signature] = compiled
+            return result
+        if compiled.run is None:
+            return self._original(*args, **kwargs)
+        try:
+            outputs = compiled.run([leaves[i] for i in compiled.kept])
+        except Exception as error:  # noqa: BLE001 - never break training
+            compiled.run, compiled.status = None, f"original: the rewritten program failed: {error}"
+            _warn(self, compiled.status)
+            return self._original(*args, **kwargs)
+        return jax.tree_util.tree_unflatten(compiled.out_tree, outputs)
+
+    def _signature(self, args: tuple, kwargs: dict):
+        dynamic_args = tuple(a for i, a in enumerate(args) if i not in self._static_positions)
+        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
+        static = tuple(args[i] for i in self._static_positions if i < len(args)) + tuple(
+            sorted((k, v) for k, v in kwargs.items() if k in self._static_names)
+        )
+        keys = tuple(
+            (
+                type(leaf).__name__,
+                np.shape(leaf),
+                str(getattr(leaf, "dtype", "")),
+                getattr(leaf, "sharding", None),
+            )
+            for leaf in leaves
+        )
+        signature = (tree, keys, static)
+        hash(signature)
+        return leaves, signature
+
+    def _first_call(self, args, kwargs, leaves) -> tuple[_Compiled, Any]:
+        from disco_xla.hlo_passes.graph import HloModule
+        from disco_xla.planning import has_cross_device_all_reduces, prepared
+
+        try:
+            lowered = self._original.lower(*args, **kwargs)
+            data = lowered.compiler_ir("hlo").as_serialized_hlo_module_proto()
+            module = HloModule.from_bytes(data, f"<jax:{self.__name__}>", "memory")
+            data_parallel = has_cross_device_all_reduces(module)
+            if data_parallel:
+                module = prepared(module)
+        except Exception as error:  # noqa: BLE001
+            compiled = _Compiled(f"original: could not capture the step: {_one_line(error)}")
+            _warn(self, compiled.status)
+            return compiled, self._original(*args, **kwargs)
+        if not data_parallel:
+            return _Compiled("not data-parallel"), self._original(*args, **kwargs)
+        return self._optimize(module, lowered, args, kwargs, leaves)
+
+    def _optimize(self, module, lowered, args, kwargs, leaves) -> tuple[_Compiled, Any]:
+        from disco_xla.plan import Plan
+        from disco_xla.planning import find_plan, rewrite
+        from disco_xla.runtime.agreement import AgreementError, broadcast, gather
+        from disco_xla.runtime.apply import NO_COMBINER
+        from disco_xla.runtime.jax_program import RewrittenStep
+
+        step = next(_prepared_steps)
+        wait_s = self._settings.budget_s + 600.0
+        fingerprints = gather(f"step{step}/module", module.fingerprint, wait_s)
+        if len(set(fingerprints)) > 1:
+            raise AgreementError(
+                f"{self.__name__}: the ranks captured different modules (fingerprints "
+                + ", ".join(f"rank {r}: {f[:12]}" for r, f in enumerate(fingerprints))
+                + "); every rank must run the same step"
+            )
+        compiled, failures, result, have_result = _Compiled("original"), [], None, False
+        try:
+            plan_json = broadcast(
+                f"step{step}/plan",
+                lambda: find_plan(module, self._settings).plan.to_json(),
+                wait_s,
+            )
+            compiled.plan = Plan.from_json(plan_json, f"<plan for {module.name}>")
+            executable = lowered.compile()
+            compiled.kept = sorted(lowered._lowering.compile_args["kept_var_idx"])
+            compiled.out_tree = lowered.out_tree
+            if len(leaves) != len(jax.tree_util.tree_leaves(lowered.in_avals)):
+                raise RuntimeError("the arguments do not match the lowered step")
+        except Exception as error:  # noqa: BLE001 - never break training
+            compiled.plan = None
+            failures.append(_one_line(error))
+        # The whole plan first; if its fusion groups change the results (they may
+        # reorder floating-point reductions), its buckets alone, which do not.
+        for attempt, fusion in enumerate((True, False)):
+            run, reason = None, ""
+            if compiled.plan is not None:
+                try:
+                    run = RewrittenStep(
+                        rewrite(module, compiled.plan, fusion=fusion),
+                        jax.tree_util.tree_leaves(executable.input_shardings),
+                        [jax.tree_util.tree_leaves(lowered.in_avals)[i] for i in compiled.kept],
+                        jax.tree_util.tree_leaves(executable.output_shardings),
+                        jax.tree_util.tree_leaves(lowered.out_info),
+                        NO_COMBINER,
+                    )
+                except Exception as error:  # noqa: BLE001
+                    reason = _one_line(error)
+            else:
+                reason = failures[0]
+            failed = _failures(gather(f"step{step}/ready{attempt}", reason or "ok", wait_s))
+            if not failed:
+                try:
+                    outputs = run([leaves[i] for i in compiled.kept])
+                except Exception as error:  # noqa: BLE001
+                    outputs, reason = None, "the rewritten program failed: " + _one_line(error)
+                if not have_result:  # after ours: the original may donate its arguments
+                    result, have_result = self._original(*args, **kwargs), True
+                reason = reason or _difference(result, outputs)
+                failed = _failures(gather(f"step{step}/verdict{attempt}", reason or "ok", wait_s))
+            if not failed:
+                compiled.run = run
+                compiled.status = (
+                    "optimized"
+                    if fusion
+                    else "optimized (buckets only: " + ("; ".join(failures) + ")")
+                )
+                return compiled, result
+            failures.append("; ".join(failed))
+            if compiled.plan is None:
+                break
+        if not have_result:
+            result = self._original(*args, **kwargs)
+        compiled.status = "original: " + " / then ".join(dict.fromkeys(failures))
+        _warn(self, compiled.status)
+        return compiled, result
+
+
+def _difference(original_result: Any, rewritten_outputs: list) -> str:
+    """Why the rewritten outputs do not count as equal to the original's ('' if they do)."""
+    from disco_xla.runtime.apply import compare_outputs
+
+    try:
+        verdict = compare_outputs(
+            _local(jax.tree_util.tree_leaves(original_result)), _local(rewritten_outputs)
+        )
+    except Exception as error:  # noqa: BLE001
+        return "could not compare the outputs: " + _one_line(error)
+    if verdict.equal:
+        return ""
+    return (
+        "the rewritten program's outputs differ from the original's (max relative "
+        f"difference {verdict.max_rel_diff:.3g})"
+    )
+
+
+def _failures(answers: list[str]) -> list[str]:
+    """The answers that are not 'ok', with their rank when there are several."""
+    return [
+        answer if len(answers) == 1 else f"rank {rank}: {answer}"
+        for rank, answer in enumerate(answers)
+        if answer != "ok"
+    ]
+
+
+def _local(arrays) -> list[np.ndarray]:
+    """This process's shards of each array, in device order."""
+    return [np.asarray(shard.data) for array in arrays for shard in array.addressable_shards]
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
+
+
+def _warn(function: OptimizedFunction, why: str) -> None:
+    """One warning per function and reason (a new signature with the same problem
+    does not warn again)."""
+    why = why.removeprefix("original: ")
+    if why in function._warned:
+        return
+    function._warned.add(why)
+    warnings.warn(
+        f"disco_xla.jit({function.__name__}) runs the original program: {why}",
+        DiscoFallbackWarning,
+        stacklevel=4,
+    )
+
+
+def jit(
+    fn: Callable | None = None,
+    *,
+    cluster: str = "cpu-local",
+    budget_s: float = 30.0,
+    max_evaluations: int = 300,
+    seed: int = 0,
+    cost_model: str = "roofline",
+    cache_dir: str | None = None,
+    use_cache: bool = True,
+    **jit_kwargs: Any,
+) -> Any:
+    """Like `jax.jit(fn, **jit_kwargs)`, for a data-parallel training step, with
+    disco-xla's plan for `cluster` applied. `fn` may already be transformed
+    (`jax.pmap(step, axis_name=...)`, `jax.jit(shard_map(...))`), in which case no
+    jit keyword arguments are taken. Usable as `@disco_xla.jit` or
+    `@disco_xla.jit(cluster=...)`."""
+    settings = OptimizeSettings(
+        cluster=cluster,
+        budget_s=budget_s,
+        max_evaluations=max_evaluations,
+        seed=seed,
+        cost_model=cost_model,
+        cache_dir=cache_dir,
+        use_cache=use_cache,
+    )
+    if fn is None:
+        return functools.partial(
+            jit,
+            cluster=cluster,
+            budget_s=budget_s,
+            max_evaluations=max_evaluations,
+            seed=seed,
+            cost_model=cost_model,
+            cache_dir=cache_dir,
+            use_cache=use_cache,
+            **jit_kwargs,
+        )
+    return wrap(fn, settings, "jit", jit_kwargs)
+
+
+def wrap(
+    fn: Callable, settings: OptimizeSettings, transform: str, kwargs: dict
+) -> OptimizedFunction:
+    """`fn` under `transform` ('jit' or 'pmap', JAX's own, with `kwargs`) unless it
+    is transformed already, as an OptimizedFunction."""
+    from jax._src import api, pmap
+
+    if hasattr(fn, "lower"):
+        if kwargs:
+            raise TypeError("a function that is already transformed takes no jit arguments")
+        return OptimizedFunction(fn, settings)
+    if transform == "pmap":
+        lowerable = pmap.pmap(fn, **kwargs)
+        static = (_positions(kwargs.get("static_broadcasted_argnums", ())), ())
+    else:
+        lowerable = api.jit(fn, **kwargs)
+        static = (
+            _positions(kwargs.get("static_argnums", ())),
+            _names(kwargs.get("static_argnames", ())),
+        )
+    return OptimizedFunction(lowerable, settings, static)
+
+
+def _positions(value) -> tuple[int, ...]:
+    return (value,) if isinstance(value, int) else tuple(value or ())
+
+
+def _names(value) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value or ())

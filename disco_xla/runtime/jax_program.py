@@ -1,0 +1,90 @@
+"""Run a rewritten module in place of a jitted or pmapped JAX step.
+
+The rewritten module is compiled for the same devices, in the same order, as the
+original step, and must take and give its arrays with the same shardings as the
+original's compiled executable (checked when it is built). A call then places
+the arguments as the original would, runs the executable, and assembles its
+per-device results into global `jax.Array`s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+from jax._src.lib import xla_client
+
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.runtime.xla_runner import _compile
+
+
+class ShardingMismatch(RuntimeError):
+    """The rewritten executable lays out an argument or result differently."""
+
+
+class RewrittenStep:
+    """`module` compiled to stand in for an original step whose (kept) arguments
+    have `in_shardings`/`in_avals` and whose results have `out_shardings`/`out_avals`."""
+
+    def __init__(
+        self,
+        module: HloModule,
+        in_shardings: Sequence[jax.sharding.Sharding],
+        in_avals: Sequence,
+        out_shardings: Sequence[jax.sharding.Sharding],
+        out_avals: Sequence,
+        disabled_passes: Sequence[str] = (),
+    ):
+        counts = module.device_counts()
+        if counts["num_replicas"] > 1:
+            raise ShardingMismatch("a module with several replicas is not a jit or pmap step")
+        devices = list(in_shardings[0]._device_assignment) if in_shardings else []
+        if len(devices) != counts["num_partitions"]:
+            raise ShardingMismatch(
+                f"the step runs on {len(devices)} devices, the module has "
+                f"{counts['num_partitions']} partitions"
+            )
+        options = xla_client.CompileOptions()
+        options.num_replicas = 1
+        options.num_partitions = len(devices)
+        build = options.executable_build_options
+        build.use_spmd_partitioning = True
+        build.use_shardy_partitioner = True
+        self._executable = _compile(module, devices, options, disabled_passes)
+        self._in_shardings = list(in_shardings)
+        self._out_shardings = list(out_shardings)
+        self._out_shapes = [tuple(a.shape) for a in out_avals]
+        _check_layouts(
+            "argument", self._executable.get_parameter_shardings(), in_shardings, in_avals
+        )
+        _check_layouts("result", self._executable.get_output_shardings(), out_shardings, out_avals)
+
+    def __call__(self, arguments: Sequence) -> list[jax.Array]:
+        placed = [
+            value
+            if isinstance(value, jax.Array) and value.sharding == sharding
+            else jax.device_put(value, sharding)
+            for value, sharding in zip(arguments, self._in_shardings, strict=True)
+        ]
+        results = self._executable.execute_sharded(placed)
+        return [
+            jax.make_array_from_single_device_arrays(shape, sharding, shards)
+            for shape, sharding, shards in zip(
+                self._out_shapes,
+                self._out_shardings,
+                results.disassemble_into_single_device_arrays(),
+                strict=True,
+            )
+        ]
+
+
+def _check_layouts(what: str, compiled, expected, avals) -> None:
+    if len(compiled) != len(expected):
+        raise ShardingMismatch(
+            f"the rewritten step has {len(compiled)} {what}s, the original {len(expected)}"
+        )
+    for index, (proto, sharding, aval) in enumerate(zip(compiled, expected, avals, strict=True)):
+        if xla_client.HloSharding.from_proto(proto) != sharding._to_xla_hlo_sharding(
+            len(aval.shape)
+        ):
+            raise ShardingMismatch(f"{what} {index} is laid out differently")

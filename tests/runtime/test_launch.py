@@ -1,0 +1,125 @@
+"""`disco-xla launch`: 2 jax.distributed processes on loopback agree on one plan,
+train like a single process, refuse to run different modules, and a failing rank
+stops the job instead of hanging it."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+
+from tests.conftest import run_cli
+
+_STEP = """
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import disco_xla
+
+    rank = jax.process_index()
+    learning_rate = float(sys.argv[2]) if rank == 1 and len(sys.argv) > 2 else 0.1
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+
+    def step(w, b, x):
+        def loss(w, b):
+            return jnp.mean(jnp.tanh(x @ w + b) ** 2)
+        gw, gb = jax.grad(loss, argnums=(0, 1))(w, b)
+        gw, gb = jax.lax.pmean(gw, "d"), jax.lax.pmean(gb, "d")
+        return w - learning_rate * gw, b - learning_rate * gb
+
+    fn = disco_xla.jit(
+        jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P("d")),
+                              out_specs=(P(), P()), check_vma=False)),
+        max_evaluations=20, cache_dir=sys.argv[1])
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((8, 4)).astype(np.float32) * 0.3
+    b0 = np.zeros((4,), np.float32)
+    batch = rng.standard_normal((2, 3, 8)).astype(np.float32)  # one shard per rank
+    replicated = NamedSharding(mesh, P())
+    w = jax.make_array_from_process_local_data(replicated, w0)
+    b = jax.make_array_from_process_local_data(replicated, b0)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), batch[rank])
+    for _ in range(3):
+        w, b = fn(w, b, x)
+    plan = fn.plans()[0].to_json() if fn.plans() else None
+    print("RESULT " + json.dumps({"rank": rank, "status": fn.status(), "plan": plan,
+                                  "w": np.asarray(w.addressable_shards[0].data).tolist()}))
+"""
+
+
+def _reference_weights() -> np.ndarray:
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 4)).astype(np.float32) * 0.3
+    b = np.zeros((4,), np.float32)
+    batch = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    for _ in range(3):
+        grads = [
+            jax.grad(lambda w, b, x=x: jnp.mean(jnp.tanh(x @ w + b) ** 2), argnums=(0, 1))(w, b)
+            for x in batch
+        ]
+        w = w - 0.1 * (grads[0][0] + grads[1][0]) / 2
+        b = b - 0.1 * (grads[0][1] + grads[1][1]) / 2
+    return np.asarray(w)
+
+
+def _results(stdout: str) -> dict[int, dict]:
+    found = {}
+    for line in stdout.splitlines():
+        _, _, rest = line.partition("RESULT ")
+        if rest:
+            result = json.loads(rest)
+            found[result["rank"]] = result
+    return found
+
+
+def test_two_ranks_agree_on_one_plan_and_train_like_one_process(tmp_path):
+    script = tmp_path / "step.py"
+    script.write_text(textwrap.dedent(_STEP))
+    result = run_cli(
+        "launch", "-n", "2", "--timeout-s", "240", str(script), str(tmp_path), timeout_s=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    ranks = _results(result.stdout)
+    assert sorted(ranks) == [0, 1]
+    assert ranks[0]["status"] == ranks[1]["status"] == ["optimized"]
+    assert ranks[0]["plan"] is not None and ranks[0]["plan"] == ranks[1]["plan"]
+    for rank in ranks.values():
+        np.testing.assert_allclose(rank["w"], _reference_weights(), rtol=1e-5, atol=1e-6)
+
+
+def test_ranks_with_different_modules_stop_with_a_clear_error(tmp_path):
+    script = tmp_path / "step.py"
+    script.write_text(textwrap.dedent(_STEP))
+    result = run_cli(
+        "launch", "-n", "2", "--timeout-s", "240", str(script), str(tmp_path), "0.5", timeout_s=300
+    )
+    assert result.returncode != 0
+    assert "AgreementError" in result.stdout and "different modules" in result.stdout
+
+
+def test_a_failing_rank_stops_the_others(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, time, jax
+            if jax.process_index() == 1:
+                sys.exit(3)
+            time.sleep(600)
+            """
+        )
+    )
+    result = run_cli("launch", "-n", "2", str(script), timeout_s=120)
+    assert result.returncode == 3
+
+
+def test_launch_refuses_bad_input_with_one_line():
+    result = run_cli("launch", "-n", "2", "/no/such/script.py")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no such script" in result.stderr
+    result = run_cli("launch", "-n", "0", "/no/such/script.py")
+    assert result.returncode == 2

@@ -1,0 +1,93 @@
+"""DISCO_XLA_FLAGS: flags parsed with absl, bad flags stop with one line and exit
+code 2, and an unmodified JAX script gets its data-parallel steps optimised."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from disco_xla.env_hook import parse_flags
+
+
+def test_flags_are_parsed_with_their_defaults():
+    flags = parse_flags("--disco_enable --disco_cluster=v100-2x8-25g --disco_budget_s=5")
+    assert flags.enable and flags.cluster == "v100-2x8-25g" and flags.budget_s == 5.0
+    assert flags.max_evaluations == 300 and flags.use_cache and flags.cache_dir is None
+    assert not parse_flags("").enable
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("--disco_enable --disco_bogus=1", "--disco_bogus"),
+        ("--disco_budget_s=fast", "--disco_budget_s"),
+        ("--disco_max_evaluations=0", "--disco_max_evaluations"),
+        ("disco_enable", "disco_enable"),
+    ],
+)
+def test_a_bad_flag_is_named(text, named):
+    with pytest.raises(ValueError, match=named):
+        parse_flags(text)
+
+
+def _python(code: str, flags: str | None, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("DISCO_XLA_FLAGS", None)
+    if flags is not None:
+        env["DISCO_XLA_FLAGS"] = flags
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+    )
+
+
+def test_an_unknown_flag_stops_any_python_with_one_line_and_exit_code_2():
+    # The .pth hook runs at start-up: the script does not even import disco_xla.
+    result = _python("print('ran')", "--disco_enable --disco_colour=blue")
+    assert result.returncode == 2
+    assert "ran" not in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--disco_colour" in lines[0] and "DISCO_XLA_FLAGS" in lines[0]
+
+
+_UNMODIFIED_SCRIPT = """
+    import sys
+    import jax
+    import numpy as np
+    jax.config.update("jax_num_cpu_devices", 2)
+    from disco_xla.zoo.jax_steps import build_jax_step  # uses jax.pmap, as a user script would
+
+    step = build_jax_step("transformer_base", "tiny", replicas=2, global_batch=4)
+    outputs = step.fn(*step.args)
+    outputs = step.fn(*step.args)
+    sine = jax.jit(jax.numpy.sin)
+    sine(1.0)
+    print("STATUS", getattr(step.fn, "status", lambda: ["plain jax"])(),
+          getattr(sine, "status", lambda: ["plain jax"])())
+    np.savez(sys.argv[-1] if len(sys.argv) > 1 else "{out}",
+             *[np.asarray(x) for x in jax.tree_util.tree_leaves(outputs)])
+"""
+
+
+def test_an_unmodified_script_runs_optimized_and_computes_the_same(tmp_path):
+    from disco_xla.runtime.apply import compare_outputs
+
+    flags = f"--disco_enable --disco_max_evaluations=10 --disco_cache_dir={tmp_path}"
+    optimized = _python(_UNMODIFIED_SCRIPT.format(out=tmp_path / "hook.npz"), flags)
+    assert optimized.returncode == 0, optimized.stderr[-2000:]
+    assert "STATUS ['optimized'] ['not data-parallel']" in optimized.stdout
+    plain = _python(_UNMODIFIED_SCRIPT.format(out=tmp_path / "plain.npz"), None)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert "STATUS ['plain jax'] ['plain jax']" in plain.stdout
+    hooked, reference = np.load(tmp_path / "hook.npz"), np.load(tmp_path / "plain.npz")
+    assert compare_outputs(
+        [reference[k] for k in reference.files], [hooked[k] for k in hooked.files]
+    ).equal

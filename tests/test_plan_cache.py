@@ -1,0 +1,65 @@
+"""The sqlite plan cache: keys, hits, concurrent writers, damaged files."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+
+from disco_xla.plan import Plan
+from disco_xla.plan_cache import PlanCache, cache_key
+from disco_xla.simulator.profiles import load_profile
+
+
+def _plan(index: int) -> Plan:
+    return Plan(f"module{index}", f"{index:064x}", ((f"a{index}",),), ((f"r{index}",),))
+
+
+def test_a_stored_plan_comes_back_and_other_keys_miss(tmp_path):
+    cache = PlanCache(tmp_path)
+    key = cache_key("f" * 64, load_profile("cpu-local"), {"seed": 0})
+    assert cache.get(key) is None
+    assert cache.put(key, _plan(1))
+    assert cache.get(key) == _plan(1)
+    assert len(cache) == 1
+
+
+def test_the_key_changes_with_the_module_the_profile_and_the_options():
+    cpu, v100 = load_profile("cpu-local"), load_profile("v100-2x8-25g")
+    base = cache_key("a" * 64, cpu, {"seed": 0, "alpha": 1.05})
+    assert base == cache_key("a" * 64, cpu, {"alpha": 1.05, "seed": 0})
+    assert base != cache_key("b" * 64, cpu, {"seed": 0, "alpha": 1.05})
+    assert base != cache_key("a" * 64, v100, {"seed": 0, "alpha": 1.05})
+    assert base != cache_key("a" * 64, cpu, {"seed": 1, "alpha": 1.05})
+
+
+def _writer(directory: str, first: int, count: int) -> None:
+    cache = PlanCache(directory)
+    for index in range(first, first + count):
+        assert cache.put(f"key{index}", _plan(index))
+        assert cache.get(f"key{index - 1}") in (None, _plan(index - 1))
+
+
+def test_concurrent_processes_write_without_losing_plans(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    writers = [context.Process(target=_writer, args=(str(tmp_path), 100 * n, 25)) for n in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=120)
+        assert writer.exitcode == 0
+    cache = PlanCache(tmp_path)
+    assert len(cache) == 100
+    assert all(cache.get(f"key{100 * n + 24}") == _plan(100 * n + 24) for n in range(4))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database at all" * 100])
+def test_a_damaged_cache_file_is_a_miss_not_an_error(tmp_path, content):
+    (tmp_path / "plans.sqlite").write_bytes(content)
+    cache = PlanCache(tmp_path)
+    if content:
+        assert cache.get("key") is None
+        assert not cache.put("key", _plan(1))
+    else:  # an empty file is a valid empty database
+        assert cache.get("key") is None
+        assert cache.put("key", _plan(1))
