@@ -22,6 +22,7 @@ class BuildWithHook(build_py):
     def get_outputs(self, include_bytecode=True):
         return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, HOOK)]
 
+
 setup(
     name="disco-xla",
     version="0.1.0",

@@ -259,65 +259,46 @@ def _optimize(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from disco_xla.hlo_passes.hlo_io import load_module
-    from disco_xla.plan import Plan
     from disco_xla.runtime.xla_runner import compile_module
-    from disco_xla.search.backtracking import greedy_fusion_plan, search
-    from disco_xla.search.baselines import BASELINES, baseline
+    from disco_xla.search.compare import compare_plans, comparison_summary, format_table
     from disco_xla.simulator.cost_models import make_cost_model
-    from disco_xla.simulator.events import simulate
-    from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
     module = load_module(args.file)
     profile = load_profile(args.cluster)
     cost_model = make_cost_model(args.cost_model, profile, args.table)
     _use_devices(module)
-    combined = compile_module(module)
+    # XLA's fusion, with its all-reduce combiner off: every baseline starts from it.
     separate = compile_module(module, ["cpu-all-reduce-combiner"])
-    plans = {
-        name: baseline(name, module, combined, separate, profile, cost_model) for name in BASELINES
-    }
-
-    def run(target, plan, ideal=None):
-        return simulate(build_task_graph(target, plan), profile, cost_model, ideal_compute_s=ideal)
-
-    # C of T_ideal: the kernel time of XLA's fused module (no bucket copies there).
-    xla_compute_s = run(plans["xla-nocombine"].module, plans["xla-nocombine"].plan).compute_s
-    results = {name: run(b.module, b.plan, xla_compute_s) for name, b in plans.items()}
-    starts = [Plan.unfused(module), greedy_fusion_plan(module)]
     quiet = args.json or not sys.stderr.isatty()
-    found = {}
-    # The ablations first; the full search then starts from the best of them too,
-    # so it is never worse than either.
-    for moves, label in (
-        ("fusion", "fusion-only"),
-        ("bucketing", "bucketing-only"),
-        ("all", "found"),
-    ):
-        if label == "found":
-            starts = starts + [found["fusion-only"].plan, found["bucketing-only"].plan]
-        with tqdm(total=args.max_evals, disable=quiet, desc=label, leave=False) as bar:
+    bars = []
 
-            def progress(evaluations: int, best_s: float, bar=bar) -> None:
-                bar.update(evaluations - bar.n)
-                bar.set_postfix_str(f"best {best_s * 1e3:.3f} ms")
+    def on_search(label: str):
+        bar = tqdm(total=args.max_evals, disable=quiet, desc=label, leave=False)
+        bars.append(bar)
 
-            found[label] = search(
-                module,
-                profile,
-                cost_model,
-                starts,
-                alpha=args.alpha,
-                budget_s=args.budget_s,
-                max_evaluations=args.max_evals,
-                seed=args.seed,
-                on_evaluation=progress,
-                moves=moves,
-            )
-        results[label] = run(module, found[label].plan, xla_compute_s)
-    results = {k: results[k] for k in (*BASELINES, "fusion-only", "bucketing-only", "found")}
-    best = found["found"]
-    plan_result = results["found"]
+        def progress(evaluations: int, best_s: float) -> None:
+            bar.update(evaluations - bar.n)
+            bar.set_postfix_str(f"best {best_s * 1e3:.3f} ms")
+
+        return progress
+
+    try:
+        comparison = compare_plans(
+            module,
+            separate,
+            profile,
+            cost_model,
+            alpha=args.alpha,
+            budget_s=args.budget_s,
+            max_evaluations=args.max_evals,
+            seed=args.seed,
+            on_search=on_search,
+        )
+    finally:
+        for bar in bars:
+            bar.close()
+    best = comparison.found
     plan_path = args.output if args.output.endswith(".json") else args.output + ".plan.json"
     try:
         with open(plan_path, "w") as file:
@@ -335,18 +316,9 @@ def _optimize(args: argparse.Namespace) -> int:
     if args.report:
         from disco_xla.report import write_report
 
-        write_report(args.report, module, profile, results, best.plan)
-    xla_s = results["xla"].iteration_s
+        write_report(args.report, module, profile, comparison.results, best.plan)
     report = {
-        "plan_s": plan_result.iteration_s,
-        "baselines": {
-            name: results[name].iteration_s
-            for name in (*BASELINES, "fusion-only", "bucketing-only")
-        },
-        "ideal_s": plan_result.ideal_s,
-        "speedup_vs_xla": xla_s / plan_result.iteration_s,
-        "evaluations": best.evaluations,
-        "search_s": best.search_s,
+        **comparison_summary(comparison),
         "cost_model": cost_model.name,
         "cluster": profile.name,
         "plan": plan_path,
@@ -356,21 +328,10 @@ def _optimize(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{module.name} on {profile.name}, cost model {cost_model.name}: "
-        f"{best.evaluations} plans evaluated in {best.search_s:.1f} s"
+        f"{best.evaluations} plans evaluated in {best.search_s:.1f} s; every plan below is "
+        "simulated over the captured module (XLA's kernels mapped back onto it)"
     )
-    header = ("plan", "iteration ms", "vs xla", "T/T_ideal", "exposed ms", "buckets")
-    print("{:<16}{:>14}{:>9}{:>11}{:>12}{:>9}".format(*header))
-    for name, result in results.items():
-        print(
-            f"{name:<16}{result.iteration_s * 1e3:>14.3f}{xla_s / result.iteration_s:>8.2f}x"
-            f"{result.t_over_ideal:>11.2f}{result.exposed_comm_s * 1e3:>12.3f}{result.buckets:>9}"
-        )
-    faster = [name for name in BASELINES if results[name].iteration_s < plan_result.iteration_s]
-    if faster:
-        print(
-            f"note: the found plan is slower than {', '.join(faster)}; the search starts from "
-            "no fusion and a greedy XLA-like fusion of the original module, not from XLA's own"
-        )
+    print(format_table(comparison))
     print(f"wrote {plan_path}" + ("" if plan_path == args.output else f" and {args.output}"))
     return 0
 
@@ -444,6 +405,127 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if comparison.equal else 1
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from disco_xla.runtime.launch import launch
+
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        raise DiscoInputError("launch", "--timeout-s must be positive")
+    return launch(args.script, args.arguments, args.processes, args.timeout_s)
+
+
+def _module_and_model_names(path: str) -> tuple[str, str]:
+    """'build/gpt2_small.medium.hlo.pb' -> ('gpt2_small.medium', 'gpt2_small')."""
+    import os
+
+    name = os.path.basename(path)
+    for suffix in (".gz", ".pb", ".txt", ".hlo"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name, name.split(".")[0]
+
+
+def _profile(args: argparse.Namespace) -> int:
+    if args.plans < 1 or args.repeats < 1:
+        raise DiscoInputError("profile", "--plans and --repeats must be at least 1")
+    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.runtime.xla_runner import devices_needed
+
+    modules = [(path, load_module(path)) for path in args.files]
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", max(devices_needed(m) for _, m in modules))
+    from tqdm import tqdm
+
+    from disco_xla.profiling.dataset import from_samples, save_dataset
+    from disco_xla.profiling.sample_plans import profile_module
+
+    start = time.perf_counter()
+    samples = []
+    quiet = args.json or not sys.stderr.isatty()
+    with tqdm(total=len(modules) * (args.plans + 1), disable=quiet, leave=False) as bar:
+        for path, module in modules:
+            module_name, model = _module_and_model_names(path)
+
+            def step(kind: str, bar=bar, module_name=module_name) -> None:
+                bar.set_description_str(f"{module_name} {kind}")
+                bar.update(1)
+
+            samples += profile_module(
+                module,
+                module_name,
+                model,
+                args.plans,
+                args.repeats,
+                args.seed,
+                on_plan=step,
+                platform=args.platform,
+            )
+    dataset = from_samples(samples)
+    save_dataset(dataset, args.out)
+    report = {
+        "samples": len(dataset),
+        "with_kernels": int((dataset.kernel_count > 0).sum()),
+        "distinct_kernels": len(set(dataset.structural_hash.tolist())),
+        "modules": len(modules),
+        "plans_per_module": args.plans,
+        "seconds": round(time.perf_counter() - start, 1),
+        "out": args.out,
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"wrote {args.out}: {report['samples']} kernel samples "
+            f"({report['distinct_kernels']} distinct) from {len(modules)} modules x "
+            f"{args.plans} plans + XLA's compile, {report['seconds']:.0f} s"
+        )
+    return 0
+
+
+def _train_cost_model(args: argparse.Namespace) -> int:
+    from disco_xla.profiling.dataset import load_datasets
+    from disco_xla.profiling.train_cost_model import train_and_save
+
+    dataset = load_datasets(args.datasets)
+    report = train_and_save(
+        dataset,
+        args.out,
+        epochs=args.epochs,
+        seed=args.seed,
+        hold_out_model=args.hold_out,
+        verbose=not args.json and sys.stderr.isatty(),
+    )
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"wrote {args.out}: trained on {report['train_samples']} kernels, "
+            f"validation MAPE {report['validation_mape']:.1%} after {report['epochs']} epochs, "
+            f"{report['seconds']:.0f} s"
+        )
+    return 0
+
+
+def _eval_cost_model(args: argparse.Namespace) -> int:
+    from disco_xla.profiling.dataset import load_datasets
+    from disco_xla.profiling.train_cost_model import evaluate
+    from disco_xla.simulator.gnn import GnnCostModel
+    from disco_xla.simulator.profiles import load_profile
+
+    model = GnnCostModel.load(args.model)
+    dataset = load_datasets(args.datasets)
+    report = evaluate(model, dataset, load_profile(args.cluster), args.only_model)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"{report['samples']} kernels ({args.only_model or 'all models'}), model {args.model}")
+    print("{:<10}{:>9}{:>13}{:>14}".format("", "MAPE", "median APE", "Kendall tau"))
+    for name in ("gnn", "roofline"):
+        row = report[name]
+        print(f"{name:<10}{row['mape']:>9.1%}{row['median_ape']:>13.1%}{row['kendall_tau']:>14.3f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--verbose", action="store_true", help="show a traceback on errors")
@@ -513,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a baseline (none, xla, xla-nocombine, horovod, horovod-legacy, ddp, mgwfbp) "
         "or a PLAN.json",
     )
-    simulate.add_argument("--cost-model", choices=["roofline", "table"], default="roofline")
+    simulate.add_argument("--cost-model", choices=["roofline", "table", "gnn"], default="roofline")
     simulate.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
     simulate.add_argument("--json", action="store_true", help="print one JSON object")
     simulate.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
@@ -531,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--alpha", type=float, default=1.05, help="keep children below alpha x best"
     )
     optimize.add_argument("--seed", type=int, default=0)
-    optimize.add_argument("--cost-model", choices=["roofline", "table"], default="roofline")
+    optimize.add_argument("--cost-model", choices=["roofline", "table", "gnn"], default="roofline")
     optimize.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
     optimize.add_argument(
         "-o",
@@ -560,6 +642,53 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--rounds", type=int, default=5, help="paired timing rounds")
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(run=_verify)
+
+    launch = commands.add_parser(
+        "launch",
+        parents=[common],
+        help="run a script as N jax.distributed processes on this machine (loopback)",
+    )
+    launch.add_argument("-n", "--processes", type=int, required=True, help="processes (ranks)")
+    launch.add_argument("--timeout-s", type=float, help="stop every rank after this long")
+    launch.add_argument("script", help="a Python script; it runs unchanged on every rank")
+    launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's arguments")
+    launch.set_defaults(run=_launch)
+    profile = commands.add_parser(
+        "profile", parents=[common], help="measure sampled fused kernels: the GNN's data set"
+    )
+    profile.add_argument("files", nargs="+", help="HLO modules (model name: file name to '.')")
+    profile.add_argument("--plans", type=int, default=8, help="sampled plans per module")
+    profile.add_argument("--repeats", type=int, default=5, help="profiled steps per plan")
+    profile.add_argument("--seed", type=int, default=0)
+    profile.add_argument(
+        "--platform", choices=["cpu", "gpu"], default="cpu", help="where to run the kernels"
+    )
+    profile.add_argument("--out", required=True, help="data set to write (.npz)")
+    profile.add_argument("--json", action="store_true", help="print one JSON object")
+    profile.set_defaults(run=_profile)
+
+    train = commands.add_parser(
+        "train-cost-model", parents=[common], help="train the GNN kernel cost model"
+    )
+    train.add_argument("datasets", nargs="+", help="data sets from `disco-xla profile`")
+    train.add_argument("--out", required=True, help="model directory to write")
+    train.add_argument("--epochs", type=int, default=60, help="at most this many epochs")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--hold-out", help="leave this model's kernels out of training")
+    train.add_argument("--json", action="store_true", help="print one JSON object")
+    train.set_defaults(run=_train_cost_model)
+
+    evaluate = commands.add_parser(
+        "eval-cost-model", parents=[common], help="GNN and roofline errors on a data set"
+    )
+    evaluate.add_argument("datasets", nargs="+", help="data sets from `disco-xla profile`")
+    evaluate.add_argument("--model", required=True, help="model directory")
+    evaluate.add_argument("--only-model", help="evaluate this model's kernels only")
+    evaluate.add_argument(
+        "--cluster", default="cpu-local", help="profile of the roofline shown beside the GNN"
+    )
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+    evaluate.set_defaults(run=_eval_cost_model)
     return parser
 
 

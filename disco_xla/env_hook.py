@@ -41,6 +41,7 @@ class HookFlags:
     cost_model: str
     cache_dir: str | None
     use_cache: bool
+    check_speed: bool
 
 
 def _flag_values():
@@ -65,6 +66,9 @@ def _flag_values():
         "disco_cache_dir", None, "plan cache (default ~/.cache/disco_xla)", flag_values=values
     )
     flags.DEFINE_boolean("disco_cache", True, "use the plan cache", flag_values=values)
+    flags.DEFINE_boolean(
+        "disco_check_speed", True, "keep the original step if it runs faster", flag_values=values
+    )
     return values
 
 
@@ -99,6 +103,7 @@ def parse_flags(text: str) -> HookFlags:
         cost_model=values.disco_cost_model,
         cache_dir=values.disco_cache_dir,
         use_cache=values.disco_cache,
+        check_speed=values.disco_check_speed,
     )
 
 
@@ -142,6 +147,7 @@ def _replace_jax_transforms(hook_flags: HookFlags) -> None:
         cost_model=hook_flags.cost_model,
         cache_dir=hook_flags.cache_dir,
         use_cache=hook_flags.use_cache,
+        check_speed=hook_flags.check_speed,
     )
 
     def replacement(transform: str, original):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class _Compiled:
     kept: list[int] = field(default_factory=list)
     out_tree: Any = None
     plan: Any = None
+    timing: tuple[float, float] | None = None  # (original, rewritten) median seconds per step
 
 
 class OptimizedFunction:
@@ -132,11 +134,16 @@ class OptimizedFunction:
         return self._optimize(module, lowered, args, kwargs, leaves)
 
     def _optimize(self, module, lowered, args, kwargs, leaves) -> tuple[_Compiled, Any]:
+        """Find the plan, then choose, in order, the first program all ranks
+        agree computes the same as the original: the whole plan; its buckets
+        alone; the whole plan, or its buckets, equal to the unchanged step compiled
+        the way we compile (from its HLO, combiner off: XLA's HLO-to-StableHLO
+        path alone rounds some values differently from JAX's own compile, which
+        Adam amplifies where a gradient is zero in exact arithmetic); else the
+        original."""
         from disco_xla.plan import Plan
-        from disco_xla.planning import find_plan, rewrite
+        from disco_xla.planning import find_plan
         from disco_xla.runtime.agreement import AgreementError, broadcast, gather
-        from disco_xla.runtime.apply import NO_COMBINER
-        from disco_xla.runtime.jax_program import RewrittenStep
 
         step = next(_prepared_steps)
         wait_s = self._settings.budget_s + 600.0
@@ -147,7 +154,7 @@ class OptimizedFunction:
                 + ", ".join(f"rank {r}: {f[:12]}" for r, f in enumerate(fingerprints))
                 + "); every rank must run the same step"
             )
-        compiled, failures, result, have_result = _Compiled("original"), [], None, False
+        compiled, problem = _Compiled("original"), ""
         try:
             plan_json = broadcast(
                 f"step{step}/plan",
@@ -161,52 +168,169 @@ class OptimizedFunction:
             if len(leaves) != len(jax.tree_util.tree_leaves(lowered.in_avals)):
                 raise RuntimeError("the arguments do not match the lowered step")
         except Exception as error:  # noqa: BLE001 - never break training
-            compiled.plan = None
-            failures.append(_one_line(error))
-        # The whole plan first; if its fusion groups change the results (they may
-        # reorder floating-point reductions), its buckets alone, which do not.
-        for attempt, fusion in enumerate((True, False)):
-            run, reason = None, ""
-            if compiled.plan is not None:
-                try:
-                    run = RewrittenStep(
-                        rewrite(module, compiled.plan, fusion=fusion),
-                        jax.tree_util.tree_leaves(executable.input_shardings),
-                        [jax.tree_util.tree_leaves(lowered.in_avals)[i] for i in compiled.kept],
-                        jax.tree_util.tree_leaves(executable.output_shardings),
-                        jax.tree_util.tree_leaves(lowered.out_info),
-                        NO_COMBINER,
-                    )
-                except Exception as error:  # noqa: BLE001
-                    reason = _one_line(error)
-            else:
-                reason = failures[0]
-            failed = _failures(gather(f"step{step}/ready{attempt}", reason or "ok", wait_s))
-            if not failed:
-                try:
-                    outputs = run([leaves[i] for i in compiled.kept])
-                except Exception as error:  # noqa: BLE001
-                    outputs, reason = None, "the rewritten program failed: " + _one_line(error)
-                if not have_result:  # after ours: the original may donate its arguments
-                    result, have_result = self._original(*args, **kwargs), True
-                reason = reason or _difference(result, outputs)
-                failed = _failures(gather(f"step{step}/verdict{attempt}", reason or "ok", wait_s))
-            if not failed:
-                compiled.run = run
-                compiled.status = (
-                    "optimized"
-                    if fusion
-                    else "optimized (buckets only: " + ("; ".join(failures) + ")")
-                )
-                return compiled, result
-            failures.append("; ".join(failed))
-            if compiled.plan is None:
-                break
-        if not have_result:
-            result = self._original(*args, **kwargs)
-        compiled.status = "original: " + " / then ".join(dict.fromkeys(failures))
+            compiled.plan, problem = None, _one_line(error)
+        trial = _Trial(self, module, lowered, compiled, leaves, step, wait_s, problem)
+        trial.build_and_run(("plan",), executable if compiled.plan else None)
+        result = self._original(*args, **kwargs)  # after ours: the original may donate
+        if trial.agreed("plan", result, "plan~original"):
+            compiled.status, compiled.run = "optimized", trial.programs["plan"]
+            return self._unless_slower(compiled, trial, args, kwargs, leaves), result
+        trial.build_and_run(("buckets", "reference"), executable if compiled.plan else None)
+        choices = [
+            ("buckets", "original", "optimized (buckets only: the plan's fusion changed results)"),
+            ("plan", "reference", "optimized (equal to the unchanged step compiled from HLO)"),
+            (
+                "buckets",
+                "reference",
+                "optimized (buckets only, equal to the step compiled from HLO)",
+            ),
+        ]
+        verdicts = trial.agreed_all(
+            [(label, result if against == "original" else against) for label, against, _ in choices]
+        )
+        for (label, _, status), ok in zip(choices, verdicts, strict=True):
+            if ok:
+                compiled.status, compiled.run = status, trial.programs[label]
+                return self._unless_slower(compiled, trial, args, kwargs, leaves), result
+        compiled.status = "original: " + trial.why()
         _warn(self, compiled.status)
         return compiled, result
+
+    def _unless_slower(self, compiled: _Compiled, trial, args, kwargs, leaves) -> _Compiled:
+        """Time the chosen program against the original, called as the user calls
+        them (paired, alternating rounds; summed over the ranks, so all decide
+        alike), and keep the original if ours is not faster. Skipped when the
+        original consumed (donated) its arguments."""
+        from disco_xla.runtime.agreement import gather
+
+        if not self._settings.check_speed:
+            return compiled
+        if any(getattr(leaf, "is_deleted", lambda: False)() for leaf in leaves):
+            return compiled
+        rewritten = [leaves[i] for i in compiled.kept]
+        seconds = {"original": [], "rewritten": []}
+        calls = {
+            "original": lambda: self._original(*args, **kwargs),
+            "rewritten": lambda: compiled.run(rewritten),
+        }
+        for round_index in range(TIMING_ROUNDS):
+            order = ("original", "rewritten") if round_index % 2 else ("rewritten", "original")
+            for name in order:
+                started = time.perf_counter()
+                jax.block_until_ready(calls[name]())
+                seconds[name].append(time.perf_counter() - started)
+        local = {name: float(np.median(values)) for name, values in seconds.items()}
+        answers = gather(
+            f"step{trial.step}/timing", f"{local['original']},{local['rewritten']}", trial.wait_s
+        )
+        original_s = sum(float(a.split(",")[0]) for a in answers)
+        rewritten_s = sum(float(a.split(",")[1]) for a in answers)
+        compiled.timing = (original_s / len(answers), rewritten_s / len(answers))
+        if rewritten_s >= original_s:
+            compiled.run = None
+            compiled.status = (
+                f"original: faster here ({original_s / len(answers) * 1e3:.3f} ms per step "
+                f"against {rewritten_s / len(answers) * 1e3:.3f} ms for {compiled.status})"
+            )
+        return compiled
+
+
+TIMING_ROUNDS = 6  # paired rounds of the first-call speed check
+
+
+class _Trial:
+    """The candidate programs of one first call, built, run and judged in step on
+    every rank (a program with collectives runs on all ranks or on none)."""
+
+    def __init__(self, function, module, lowered, compiled, leaves, step, wait_s, problem):
+        self.function, self.module, self.lowered, self.compiled = (
+            function,
+            module,
+            lowered,
+            compiled,
+        )
+        self.leaves, self.step, self.wait_s = leaves, step, wait_s
+        self.programs: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+        self.problems: list[str] = [problem] if problem else []
+
+    def build_and_run(self, labels: tuple[str, ...], executable) -> None:
+        from disco_xla.planning import rewrite
+        from disco_xla.runtime.agreement import gather
+        from disco_xla.runtime.apply import NO_COMBINER, check_all_reduces
+        from disco_xla.runtime.jax_program import RewrittenStep
+
+        built = {}
+        for label in labels:
+            if executable is None:
+                continue
+            try:
+                plan = self.compiled.plan
+                target = (
+                    self.module
+                    if label == "reference"
+                    else rewrite(self.module, plan, fusion=label == "plan", check=False)
+                )
+                program = RewrittenStep(
+                    target,
+                    jax.tree_util.tree_leaves(executable.input_shardings),
+                    [
+                        jax.tree_util.tree_leaves(self.lowered.in_avals)[i]
+                        for i in self.compiled.kept
+                    ],
+                    jax.tree_util.tree_leaves(executable.output_shardings),
+                    jax.tree_util.tree_leaves(self.lowered.out_info),
+                    NO_COMBINER,
+                )
+                if label != "reference":
+                    check_all_reduces(self.module, plan, program.compiled_module())
+                built[label] = program
+            except Exception as error:  # noqa: BLE001
+                self.problems.append(f"{label}: {_one_line(error)}")
+        # Run only what every rank built.
+        answers = gather(f"step{self.step}/built/{','.join(labels)}", ",".join(built), self.wait_s)
+        everywhere = set.intersection(*(set(a.split(",")) - {""} for a in answers))
+        if len(everywhere) < len(built) and len(answers) > 1:
+            self.problems.append("another rank could not build every program")
+        for label in labels:
+            if label not in everywhere:
+                continue
+            try:
+                arguments = [self.leaves[i] for i in self.compiled.kept]
+                self.outputs[label] = built[label](arguments)
+                self.programs[label] = built[label]
+            except Exception as error:  # noqa: BLE001
+                self.problems.append(f"{label} failed: {_one_line(error)}")
+
+    def _judge(self, label: str, against) -> bool:
+        if label not in self.outputs:
+            return False
+        expected = self.outputs.get(against) if isinstance(against, str) else against
+        if expected is None:
+            return False
+        if isinstance(against, str):
+            expected = list(expected)
+        why = _difference(expected, self.outputs[label])
+        if why:
+            self.problems.append(f"{label}: {why}")
+        return not why
+
+    def agreed(self, label: str, against, topic: str) -> bool:
+        return self.agreed_all([(label, against)], topic)[0]
+
+    def agreed_all(self, pairs, topic: str = "choices") -> list[bool]:
+        from disco_xla.runtime.agreement import gather
+
+        local = [self._judge(label, against) for label, against in pairs]
+        answers = gather(
+            f"step{self.step}/verdict/{topic}",
+            "".join("1" if ok else "0" for ok in local),
+            self.wait_s,
+        )
+        return [all(answer[i] == "1" for answer in answers) for i in range(len(pairs))]
+
+    def why(self) -> str:
+        return "; ".join(dict.fromkeys(self.problems)) or "no program agreed with the original"
 
 
 def _difference(original_result: Any, rewritten_outputs: list) -> str:
@@ -269,6 +393,7 @@ def jit(
     cost_model: str = "roofline",
     cache_dir: str | None = None,
     use_cache: bool = True,
+    check_speed: bool = True,
     **jit_kwargs: Any,
 ) -> Any:
     """Like `jax.jit(fn, **jit_kwargs)`, for a data-parallel training step, with
@@ -284,6 +409,7 @@ def jit(
         cost_model=cost_model,
         cache_dir=cache_dir,
         use_cache=use_cache,
+        check_speed=check_speed,
     )
     if fn is None:
         return functools.partial(
@@ -295,6 +421,7 @@ def jit(
             cost_model=cost_model,
             cache_dir=cache_dir,
             use_cache=use_cache,
+            check_speed=check_speed,
             **jit_kwargs,
         )
     return wrap(fn, settings, "jit", jit_kwargs)

@@ -1,5 +1,7 @@
-"""The HTML report of `disco-xla optimize`: the table of plans, the timelines of
-`xla` and the found plan one above the other, and the found plan's buckets."""
+"""The HTML report of `disco-xla optimize`: the table of every baseline, the
+ablations and the found plan (all simulated over the captured module), the
+timelines of `xla` and the found plan one above the other, and the found plan's
+buckets."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def write_report(
     rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{r.iteration_s * 1e3:.3f}</td>"
         f"<td>{xla_s / r.iteration_s:.2f}x</td><td>{r.t_over_ideal:.2f}</td>"
-        f"<td>{r.exposed_comm_s * 1e3:.3f}</td><td>{r.buckets}</td></tr>"
+        f"<td>{r.exposed_comm_s * 1e3:.3f}</td><td>{r.buckets}</td><td>{r.kernels}</td></tr>"
         for name, r in results.items()
     )
     with tempfile.TemporaryDirectory() as directory:
@@ -48,7 +50,9 @@ td:first-child,th:first-child{{text-align:left}}</style></head><body>
 <p>{profile.workers} workers, {html.escape(profile.execution)}; times simulated with the
 {html.escape(results["found"].cost_model)} cost model.</p>
 <table><tr><th>plan</th><th>iteration ms</th><th>vs xla</th><th>T/T_ideal</th>
-<th>exposed comm ms</th><th>buckets</th></tr>{rows}</table>
+<th>exposed comm ms</th><th>buckets</th><th>kernels</th></tr>{rows}</table>
+<p>T_ideal = max(C, A) = {results["found"].ideal_s * 1e3:.3f} ms: C is the kernel time of
+XLA's fusion, A one all-reduce of every gradient byte.</p>
 <h2>Timelines</h2>
 <img alt="Gantt charts of xla and the found plan" src="data:image/png;base64,{image}">
 <h2>Buckets of the found plan</h2>

@@ -16,7 +16,9 @@ from disco_xla.plan_cache import PlanCache
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.zoo.jax_steps import JAX_MODELS, build_jax_step
 
-SEARCH = {"max_evaluations": 10, "budget_s": 60.0}
+# The first-call speed check is timing-dependent: off where a test needs the
+# rewritten program to run.
+SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False}
 
 
 def _assert_same(expected, got) -> None:
@@ -58,18 +60,49 @@ def test_every_jax_zoo_model_runs_optimized_and_equal(name, tmp_path):
     step = build_jax_step(name, "tiny", replicas=2, global_batch=4)
     optimized = disco_xla.jit(step.fn, cache_dir=str(tmp_path), **SEARCH)
     first = optimized(*step.args)  # checks the rewritten program against the original
-    assert optimized.status() == ["optimized"], optimized.status()
+    _assert_same(step.fn(*step.args), first)  # the first call returns the original's result
+    # 'optimized', or 'optimized (buckets only: ...)' where the plan's fusion groups
+    # changed the results beyond the tolerance (ResNet's batch norms do).
+    (status,) = optimized.status()
+    assert status.startswith("optimized"), status
     second = optimized(*step.args)  # the rewritten program
-    _assert_same(step.fn(*step.args), second)
-    _assert_same(first, second)
+    _assert_same(_reference(step.fn, step.args, status), second)
+
+
+def _reference(fn, args, status: str):
+    """What the rewritten program must equal: the original, or where the status
+    says so, the unchanged step compiled from its HLO as disco-xla compiles it
+    (that path alone rounds some values differently from JAX's own compile, and
+    Adam turns rounding noise in zero-in-exact-arithmetic gradients into visible
+    differences)."""
+    if "compiled from HLO" not in status:
+        return fn(*args)
+    from disco_xla.capture import capture_jax
+    from disco_xla.runtime.apply import NO_COMBINER
+    from disco_xla.runtime.jax_program import RewrittenStep
+
+    lowered = fn.lower(*args)
+    executable = lowered.compile()
+    kept = sorted(lowered._lowering.compile_args["kept_var_idx"])
+    leaves = jax.tree_util.tree_leaves(args)
+    unchanged = RewrittenStep(
+        capture_jax(fn, *args),
+        jax.tree_util.tree_leaves(executable.input_shardings),
+        [jax.tree_util.tree_leaves(lowered.in_avals)[i] for i in kept],
+        jax.tree_util.tree_leaves(executable.output_shardings),
+        jax.tree_util.tree_leaves(lowered.out_info),
+        NO_COMBINER,
+    )
+    return jax.tree_util.tree_unflatten(lowered.out_tree, unchanged([leaves[i] for i in kept]))
 
 
 def test_a_shard_map_step_is_optimized_too(tmp_path):
     step = build_jax_step("gpt2_small", "tiny", replicas=2, global_batch=4, mode="shard_map")
     optimized = disco_xla.jit(step.fn, cache_dir=str(tmp_path), **SEARCH)
     optimized(*step.args)
-    assert optimized.status() == ["optimized"]
-    _assert_same(step.fn(*step.args), optimized(*step.args))
+    (status,) = optimized.status()
+    assert status.startswith("optimized"), status
+    _assert_same(_reference(step.fn, step.args, status), optimized(*step.args))
 
 
 def test_a_failure_inside_the_optimizer_runs_the_original_with_one_warning(tmp_path):

@@ -12,9 +12,15 @@ F32 = 11
 
 
 def fresh_instruction_id(computation: Computation) -> int:
-    """An id no instruction of `computation` uses, in XLA's (computation << 32) | n form."""
-    taken = [p.id for p in computation.proto.instructions]
-    return max(taken) + 1 if taken else computation.id << 32
+    """An id no instruction of `computation` uses, in XLA's (computation << 32) | n form.
+    The next free id is remembered on the view (a pass adds many instructions;
+    rescanning the computation each time made outlining quadratic)."""
+    next_id = computation.__dict__.get("_next_free_id")
+    if next_id is None:
+        taken = [p.id for p in computation.proto.instructions]
+        next_id = max(taken) + 1 if taken else computation.id << 32
+    computation.__dict__["_next_free_id"] = next_id + 1
+    return next_id
 
 
 def add_instruction(computation: Computation, name: str, opcode: str, shape, operands=()):
@@ -85,9 +91,16 @@ def replace_uses(computation: Computation, old_id: int, new_id: int, keep: set[i
 
 
 def _unique_name(computation: Computation, name: str) -> str:
-    names = {p.name for p in computation.proto.instructions}
+    """A name no instruction of `computation` has; names handed out are remembered
+    on the view, like ids."""
+    names = computation.__dict__.get("_taken_names")
+    if names is None:
+        names = computation.__dict__["_taken_names"] = {
+            p.name for p in computation.proto.instructions
+        }
     candidate, suffix = name, 0
     while candidate in names:
         suffix += 1
         candidate = f"{name}.{suffix}"
+    names.add(candidate)
     return candidate

@@ -232,15 +232,36 @@ class HloModule:
 
     @cached_property
     def fingerprint(self) -> str:
-        """A hash of the module's content, equal across processes and runs: the
-        sha256 of its serialization without the module `id`, which XLA draws from
-        a per-process counter."""
-        module_id = self.proto.id
-        self.proto.id = 0
-        try:
-            return hashlib.sha256(self.to_bytes()).hexdigest()
-        finally:
-            self.proto.id = module_id
+        """A hash of the program, equal across processes and runs: the sha256 of
+        its serialization with the module `id` cleared, every computation and
+        instruction id replaced by its position, and source locations dropped.
+        XLA draws those ids from per-process counters, and the locations name the
+        caller's line, so the same step lowered after other work, or from another
+        line, would otherwise hash differently (and ranks could disagree)."""
+        canonical = type(self.proto)()
+        canonical.CopyFrom(self.proto)
+        canonical.ClearField("id")
+        # Where in the user's source each op came from is not the program: drop
+        # it (source_file/line, and the stack frames we do not model).
+        canonical.DiscardUnknownFields()
+        computation_index = {c.id: n for n, c in enumerate(canonical.computations)}
+        for computation in canonical.computations:
+            position = {i.id: n for n, i in enumerate(computation.instructions)}
+            computation.id = computation_index[computation.id]
+            computation.root_id = position.get(computation.root_id, -1)
+            for instr in computation.instructions:
+                instr.metadata.ClearField("source_file")
+                instr.metadata.ClearField("source_line")
+                instr.id = position[instr.id]
+                instr.operand_ids[:] = [position.get(o, -1) for o in instr.operand_ids]
+                instr.control_predecessor_ids[:] = [
+                    position.get(p, -1) for p in instr.control_predecessor_ids
+                ]
+                instr.called_computation_ids[:] = [
+                    computation_index.get(c, -1) for c in instr.called_computation_ids
+                ]
+        canonical.entry_computation_id = computation_index.get(canonical.entry_computation_id, -1)
+        return hashlib.sha256(canonical.SerializeToString(deterministic=True)).hexdigest()
 
     # -- lookup -------------------------------------------------------------
     def computation(self, name: str) -> Computation:

@@ -20,8 +20,15 @@ from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.simulator.kernels import build_task_graph
 
+# The trace planes that hold kernel events, per platform. On the CPU, one event
+# per thunk with the stat `hlo_op`; on a GPU, the device planes' kernel events
+# (named after the kernel when they carry no `hlo_op` stat: untested here).
+KERNEL_PLANES = {"cpu": ("/host:CPU",), "gpu": ("/device:GPU:",)}
 
-def profile_kernel_times(run: Callable[[], object], repeats: int = 5) -> dict[str, float]:
+
+def profile_kernel_times(
+    run: Callable[[], object], repeats: int = 5, platform: str = "cpu"
+) -> dict[str, float]:
     """Median seconds of each HLO instruction that `run` executes."""
     import jax
     from jax._src.lib import _profile_data
@@ -39,14 +46,16 @@ def profile_kernel_times(run: Callable[[], object], repeats: int = 5) -> dict[st
         if not traces:
             raise RuntimeError("the JAX profiler wrote no trace")
         profile = _profile_data.ProfileData.from_file(traces[0])
+        prefixes = KERNEL_PLANES[platform]
         for plane in profile.planes:
-            if plane.name != "/host:CPU":
+            if not any(plane.name.startswith(prefix) for prefix in prefixes):
                 continue
             for line in plane.lines:
                 for event in line.events:
                     stats = dict(event.stats)
-                    if "hlo_op" in stats:
-                        samples.setdefault(stats["hlo_op"], []).append(event.duration_ns * 1e-9)
+                    name = stats.get("hlo_op") or (event.name if platform != "cpu" else None)
+                    if name:
+                        samples.setdefault(name, []).append(event.duration_ns * 1e-9)
     return {name: statistics.median(times) for name, times in samples.items()}
 
 

@@ -59,6 +59,11 @@ class RewrittenStep:
         )
         _check_layouts("result", self._executable.get_output_shardings(), out_shardings, out_avals)
 
+    def compiled_module(self) -> HloModule:
+        """XLA's optimised module, as our IR."""
+        data = self._executable.hlo_modules()[0].as_serialized_hlo_module_proto()
+        return HloModule.from_bytes(data, "<compiled>")
+
     def __call__(self, arguments: Sequence) -> list[jax.Array]:
         placed = [
             value

@@ -1,7 +1,9 @@
 """Search over op-fusion groups and all-reduce buckets, and the baselines.
 
 `optimize(module, cluster=...)` is the Python entry point; `backtracking` holds the
-search and `baselines` builds every baseline of the design notes as a plan.
+search, `baselines` builds every baseline of the design notes as a plan,
+`xla_fusion` maps XLA's compiled kernels back onto the captured module, and
+`compare` runs every baseline, the ablations and the search side by side.
 """
 
 from __future__ import annotations
@@ -19,25 +21,28 @@ def optimize(
     seed: int = 0,
     cost_model: str = "roofline",
     table: str | None = None,
+    compiled: HloModule | None = None,
 ) -> Plan:
     """The plan with the lowest simulated iteration time that the backtracking
-    search finds for `module` on `cluster` (a profile name or a YAML path)."""
-    from disco_xla.errors import DiscoInputError
+    search finds for `module` on `cluster` (a profile name or a YAML path).
+
+    `compiled` is the module as XLA compiled it with its all-reduce combiner off
+    (`runtime.xla_runner.compile_module(module, ["cpu-all-reduce-combiner"])`).
+    When given, the search also starts from every baseline (XLA's fusion mapped
+    onto `module`, with each baseline's buckets), so the plan is never slower than
+    any of them; without it, from no fusion and a greedy XLA-like fusion."""
     from disco_xla.search.backtracking import greedy_fusion_plan, search
-    from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
+    from disco_xla.simulator.cost_models import make_cost_model
     from disco_xla.simulator.profiles import load_profile
 
     profile = load_profile(cluster)
-    model = RooflineCostModel(profile)
-    if cost_model == "table":
-        if table is None:
-            raise DiscoInputError("optimize", "the table cost model needs a table of kernel times")
-        model = TableCostModel.load(table, fallback=model)
-    elif cost_model != "roofline":
-        raise DiscoInputError(
-            "optimize", f"unknown cost model {cost_model!r}; use roofline or table"
-        )
+    model = make_cost_model(cost_model, profile, table)
     starts = [Plan.unfused(module), greedy_fusion_plan(module)]
+    if compiled is not None:
+        from disco_xla.search.baselines import captured_baselines
+
+        baselines = captured_baselines(module, compiled, profile, model)
+        starts += [b.plan for b in baselines.values()]
     return search(
         module,
         profile,

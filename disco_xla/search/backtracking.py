@@ -1,23 +1,35 @@
 """Backtracking search for the plan with the lowest simulated iteration time.
 
 Best-first search with alpha relaxation, as in TASO and DisCo: a priority queue of
-plans ordered by simulated time; each popped plan is expanded by local moves; a
-child is kept if its time is below alpha times the best so far, and plans already
-seen (by their JSON) are skipped. The search stops when its budget of evaluations
-or seconds is spent. Moves:
+plans ordered by simulated time, capped at QUEUE_CAP plans; each popped plan is
+expanded by local moves; a child is kept if its time is below alpha times the best
+so far, and plans already seen are skipped. Once a popped plan has had
+MIN_EXPANSION evaluations and one of its children beat the best plan, the search
+goes on from the best child and puts the parent back in the queue with its other
+moves, so a limited budget climbs several moves deep. The search starts from the best of
+its start plans (the baselines), so the result is never worse than any of them,
+and stops when its budget of evaluations or seconds is spent. Moves:
 
-- fuse two groups where one produces a value the other reads (merge kernels);
-- split a group into two (undo a fusion);
-- merge two neighbouring buckets, split a bucket in two, or move one gradient
-  across the boundary between neighbouring buckets.
+- fuse a kernel with one that reads its result directly (merge two groups);
+- split a group into its earlier and later half (undo a fusion);
+- merge two neighbouring buckets, split a bucket in the middle, or move one
+  gradient across the boundary between neighbouring buckets.
 
-Which moves are tried, and in which order, comes from a seeded random generator, so
-the same module, profile, seed and evaluation budget give the same plan on any
-machine (a time budget may stop it earlier on a slower one).
+Moves are tried in three tiers (DisCo's hint that the critical path decides the
+iteration time): first those that touch a kernel or bucket on the popped plan's
+simulated critical path, then those that touch a kernel producing a gradient (or
+its neighbours) and every other bucket move, then the rest. Within a tier the
+order comes from a seeded random generator, so the same module, profile, seed and
+evaluation budget give the same plan on any machine (a time budget may stop it
+earlier on a slower one).
+
+Each child is evaluated incrementally against its parent (`simulator.incremental`),
+to the same picosecond as a full simulation of the child.
 """
 
 from __future__ import annotations
 
+import gc
 import heapq
 import random
 import time
@@ -29,11 +41,19 @@ from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import EXPENSIVE_OPCODES, Plan, compute_instructions, verify_plan
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
+from disco_xla.simulator.incremental import Change, Fuse, GroupCosts, PlanState, Rebucket, Split
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import ClusterProfile
 
-# A move: plan -> a neighbouring plan (not yet checked for legality).
-Move = Callable[[Plan], Plan]
+# A move: one local change of a loaded plan (see simulator.incremental).
+Move = Change
+QUEUE_CAP = 50  # DisCo's public code caps its queue at 50 plans
+# The critical path is simulated anew every this many expanded plans (a full
+# simulation); in between, moves are ranked by the last one, by task name.
+CRITICAL_PATH_EVERY = 8
+# A popped plan is expanded by at least this many evaluations before the search
+# jumps to a better child (loading a plan costs about as much as 100 evaluations).
+MIN_EXPANSION = 150
 
 
 @dataclass(frozen=True)
@@ -79,73 +99,136 @@ def greedy_fusion_plan(module: HloModule) -> Plan:
 MOVE_KINDS = ("all", "fusion", "bucketing")
 
 
-def _neighbours(
-    plan: Plan, module_users: dict[str, set[str]], rng: random.Random, kinds: str = "all"
-) -> Iterator[Plan]:
-    buckets = [list(b) for b in plan.all_reduce_buckets]
-    groups = [list(g) for g in plan.fusion_groups]
-    moves: list[Callable[[], Plan]] = []
-    for k in range(len(buckets) - 1) if kinds != "fusion" else ():
-        moves.append(
-            lambda k=k: _with_buckets(
-                plan, buckets[:k] + [buckets[k] + buckets[k + 1]] + buckets[k + 2 :]
-            )
-        )
-        if len(buckets[k]) > 1:
-            moves.append(
-                lambda k=k: _with_buckets(
-                    plan,
-                    buckets[:k]
-                    + [buckets[k][:-1], [buckets[k][-1]] + buckets[k + 1]]
-                    + buckets[k + 2 :],
-                )
-            )
-        if len(buckets[k + 1]) > 1:
-            moves.append(
-                lambda k=k: _with_buckets(
-                    plan,
-                    buckets[:k]
-                    + [buckets[k] + [buckets[k + 1][0]], buckets[k + 1][1:]]
-                    + buckets[k + 2 :],
-                )
-            )
-    for k, bucket in enumerate(buckets if kinds != "fusion" else []):
+def _bucket_moves(buckets: tuple[tuple[str, ...], ...]) -> list[tuple[int, Callable[[], Rebucket]]]:
+    """(first bucket touched, a maker of the move) for every bucket move; the
+    moves are made only when tried."""
+    moves = []
+
+    def make(k: int, end: int, middle: tuple[tuple[str, ...], ...]) -> Callable[[], Rebucket]:
+        return lambda: Rebucket(buckets[:k] + tuple(b for b in middle if b) + buckets[end:])
+
+    for k in range(len(buckets) - 1):
+        first, second = buckets[k], buckets[k + 1]
+        moves.append((k, make(k, k + 2, (first + second,))))
+        if len(first) > 1:
+            moves.append((k, make(k, k + 2, (first[:-1], first[-1:] + second))))
+        if len(second) > 1:
+            moves.append((k, make(k, k + 2, (first + second[:1], second[1:]))))
+    for k, bucket in enumerate(buckets):
         if len(bucket) > 1:
             middle = len(bucket) // 2
-            moves.append(
-                lambda k=k, m=middle: _with_buckets(
-                    plan, buckets[:k] + [buckets[k][:m], buckets[k][m:]] + buckets[k + 1 :]
+            moves.append((k, make(k, k + 1, (bucket[:middle], bucket[middle:]))))
+    return moves
+
+
+def critical_names(state: PlanState) -> set[str]:
+    """Names of the kernels and communication tasks on the plan's simulated
+    critical path (a full simulation of the plan)."""
+    graph = build_task_graph(state.module, state.plan)
+    result = simulate(graph, state.profile, state.cost_model, state.comm_cost)
+    return set(result.critical_path)
+
+
+def _critical(state: PlanState, names: set[str]) -> tuple[set[int], set[int]]:
+    """Kernels and buckets of `state` whose names are in `names`."""
+    kernels = set()
+    for kernel, (group, key) in enumerate(state.instances):
+        name = state.groups[group][0] + (f"@{key[-1]}" if key else "")
+        if name in names:
+            kernels.add(kernel)
+    buckets = set()
+    for number, bucket in enumerate(state.buckets):
+        label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
+        if label in names:
+            buckets.add(number)
+    return kernels, buckets
+
+
+def _neighbours(
+    state: PlanState, rng: random.Random, kinds: str = "all", critical: set[str] | None = None
+) -> Iterator[Move]:
+    """The popped plan's moves, critical path first (see the module docstring);
+    `critical` names the critical path's tasks (by default, this plan's)."""
+    names = critical_names(state) if critical is None else critical
+    critical_kernels, critical_buckets = _critical(state, names)
+    producers: set[int] = set()
+    for kernels in state.producers[: len(state.buckets)]:
+        producers.update(kernels)
+    around = set(producers)
+    for kernel in producers:
+        around.update(state.preds[kernel])
+        around.update(state.succs[kernel])
+    tiers: list[list[Move]] = [[], [], []]
+    if kinds != "bucketing":
+        index = state.index
+        for kernel in range(len(state.order)):
+            readers = set()
+            for atom in state.atoms[kernel]:
+                for user in index.direct_users[atom]:
+                    reader = state.kernel_of_atom.get(user)
+                    if reader is not None and reader != kernel:
+                        readers.add(reader)
+            for reader in sorted(readers):
+                touched = (kernel, reader)
+                tier = (
+                    0
+                    if critical_kernels.intersection(touched)
+                    else (1 if around.intersection(touched) else 2)
                 )
-            )
-    group_of = {name: n for n, group in enumerate(groups) for name in group}
-    for n, group in enumerate(groups if kinds != "bucketing" else []):
-        readers = {
-            group_of[u] for name in group for u in module_users.get(name, ()) if u in group_of
-        }
-        for m in sorted(readers - {n}):
-            moves.append(lambda n=n, m=m: _fuse(plan, groups, n, m))
-        if len(group) > 1:
-            moves.append(lambda n=n: _split(plan, groups, n))
-    rng.shuffle(moves)
-    for make in moves:
-        yield make()
+                tiers[tier].append(Fuse(kernel, reader))
+            if state.splittable(kernel):
+                tier = 0 if kernel in critical_kernels else (1 if kernel in around else 2)
+                tiers[tier].append(Split(kernel))
+    if kinds != "fusion":
+        for first, move in _bucket_moves(state.buckets):
+            touched_buckets = {first, first + 1}
+            producer_kernels = set(state.producers[first])
+            if first + 1 < len(state.buckets):
+                producer_kernels.update(state.producers[first + 1])
+            critical = touched_buckets & critical_buckets or producer_kernels & critical_kernels
+            tiers[0 if critical else 1].append(move)
+    for tier in tiers:
+        rng.shuffle(tier)
+        for move in tier:
+            yield move() if callable(move) else move
 
 
-def _with_buckets(plan: Plan, buckets) -> Plan:
-    return replace(plan, all_reduce_buckets=tuple(tuple(b) for b in buckets if b))
+_MASK = (1 << 64) - 1
 
 
-def _fuse(plan: Plan, groups, first: int, second: int) -> Plan:
-    merged = tuple(groups[first] + groups[second])
-    rest = [tuple(g) for n, g in enumerate(groups) if n not in (first, second)]
-    return replace(plan, fusion_groups=tuple(rest + [merged]))
+def _group_hash(names) -> int:
+    """A hash of a group's set of names that merging two groups adds up."""
+    return sum(hash(n) for n in names) & _MASK
 
 
-def _split(plan: Plan, groups, index: int) -> Plan:
-    group = groups[index]
-    middle = len(group) // 2
-    rest = [tuple(g) for n, g in enumerate(groups) if n != index]
-    return replace(plan, fusion_groups=tuple(rest + [tuple(group[:middle]), tuple(group[middle:])]))
+def _mix(group_hash: int) -> int:
+    """SplitMix64's finaliser: a non-linear mix, so that sums of mixed group
+    hashes do not cancel (a sum of Python tuple hashes can)."""
+    z = (group_hash + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _groups_key(groups) -> int:
+    """A hash of a set of fusion groups that one move can update in O(1)."""
+    return sum(_mix(_group_hash(g)) for g in groups) & _MASK
+
+
+def _child_key(state: PlanState, groups_key: int, move: Move, group_hashes) -> tuple[int, int]:
+    """(groups key, buckets hash) of the plan `move` makes, for the seen-set."""
+    if isinstance(move, Rebucket):
+        return groups_key, hash(move.buckets)
+    instances = state.instances
+    if isinstance(move, Fuse):
+        first = group_hashes[instances[move.first][0]]
+        second = group_hashes[instances[move.second][0]]
+        key = groups_key - _mix(first) - _mix(second) + _mix((first + second) & _MASK)
+    else:
+        whole = group_hashes[instances[move.kernel][0]]
+        low, high = state.halves(move.kernel)
+        key = groups_key - _mix(whole) + _mix(_group_hash(low)) + _mix(_group_hash(high))
+    return key & _MASK, state.buckets_hash
 
 
 def search(
@@ -159,61 +242,134 @@ def search(
     seed: int = 0,
     on_evaluation: Callable[[int, float], None] = lambda evaluations, best_s: None,
     moves: str = "all",
+    costs: GroupCosts | None = None,
 ) -> SearchResult:
     """Best-first backtracking from the best of `start_plans` (so the result is
     never worse than any of them). `moves` limits the search to 'fusion' or
-    'bucketing' moves, for the ablations."""
+    'bucketing' moves, for the ablations. The start plans' simulations count as
+    evaluations. `costs` caches kernel times across searches of one module and
+    cost model."""
     if budget_s <= 0 or max_evaluations <= 0:
         raise DiscoInputError("search", "the budget must be positive")
     if moves not in MOVE_KINDS:
         raise ValueError(f"moves must be one of {MOVE_KINDS}")
+    # The search only allocates; with a large module in memory every garbage
+    # collection is slow, so collection pauses meanwhile (as in `simulate`).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _search(
+            module,
+            profile,
+            cost_model,
+            start_plans,
+            alpha,
+            budget_s,
+            max_evaluations,
+            seed,
+            on_evaluation,
+            moves,
+            costs or GroupCosts(module, cost_model),
+        )
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _search(
+    module,
+    profile,
+    cost_model,
+    start_plans,
+    alpha,
+    budget_s,
+    max_evaluations,
+    seed,
+    on_evaluation,
+    moves,
+    costs,
+) -> SearchResult:
     rng = random.Random(seed)
-    users = {i.name: {u.name for u in i.users} for i in module.instructions()}
     started = time.perf_counter()
     evaluations = 0
-
-    def evaluate(plan: Plan) -> float | None:
-        nonlocal evaluations
+    best_s = float("inf")
+    scored = []
+    seen: set[tuple[int, int]] = set()
+    states: dict[tuple, PlanState] = {}
+    for plan in start_plans:
+        key = (_groups_key(plan.fusion_groups), hash(plan.all_reduce_buckets))
+        if key in seen:
+            continue
+        seen.add(key)
         try:
             verify_plan(plan, module)
         except DiscoInputError:
-            return None
+            continue
+        loaded = states.get(plan.fusion_groups)
+        if loaded is None:  # start plans that share a fusion share one loaded state
+            loaded = states[plan.fusion_groups] = PlanState(
+                module, plan, profile, cost_model, costs=costs
+            )
+        if loaded.plan.all_reduce_buckets == plan.all_reduce_buckets:
+            seconds = loaded.iteration_ps / 1e12
+        else:
+            seconds = loaded.evaluate(Rebucket(plan.all_reduce_buckets))
         evaluations += 1
-        seconds = simulate(build_task_graph(module, plan), profile, cost_model).iteration_s
-        on_evaluation(evaluations, min(seconds, best_s))
-        return seconds
-
-    best_s = float("inf")
-    scored = []
-    for plan in start_plans:
-        seconds = evaluate(plan)
-        if seconds is not None:
-            scored.append((seconds, plan))
-            best_s = min(best_s, seconds)
+        best_s = min(best_s, seconds)
+        on_evaluation(evaluations, best_s)
+        scored.append((seconds, len(scored), plan))
     if not scored:
         raise DiscoInputError("search", "no legal start plan")
-    start_s, start_plan = min(scored, key=lambda item: item[0])
+    start_s, _, start_plan = min(scored)
     best_plan = start_plan
-    seen = {plan.to_json() for _, plan in scored}
+    states.clear()
     queue = [(start_s, 0, start_plan)]
     counter = 1
-    while queue and evaluations < max_evaluations and time.perf_counter() - started < budget_s:
-        _, _, plan = heapq.heappop(queue)
-        for child in _neighbours(plan, users, rng, moves):
-            if evaluations >= max_evaluations or time.perf_counter() - started >= budget_s:
+
+    def out_of_budget() -> bool:
+        return evaluations >= max_evaluations or time.perf_counter() - started >= budget_s
+
+    pops = 0
+    critical: set[str] = set()
+    while queue and not out_of_budget():
+        parent_s, _, plan = heapq.heappop(queue)
+        state = PlanState(module, plan, profile, cost_model, costs=costs)
+        if pops % CRITICAL_PATH_EVERY == 0:
+            critical = critical_names(state)
+        pops += 1
+        group_hashes = [_group_hash(g) for g in plan.fusion_groups]
+        groups_key = sum(_mix(h) for h in group_hashes) & _MASK
+        state.buckets_hash = hash(state.buckets)
+        expanded, improved_here = 0, False
+        for move in _neighbours(state, rng, moves, critical):
+            if out_of_budget():
                 break
-            key = child.to_json()
+            key = _child_key(state, groups_key, move, group_hashes)
             if key in seen:
                 continue
-            seen.add(key)
-            seconds = evaluate(child)
+            seconds = state.evaluate(move)
             if seconds is None:
                 continue
-            if seconds < best_s:
-                best_s, best_plan = seconds, child
+            seen.add(key)
+            evaluations += 1
+            improved = seconds < best_s
+            if improved:
+                best_s, best_plan = seconds, state.child_plan(move)
+            on_evaluation(evaluations, best_s)
             if seconds < alpha * best_s:
+                child = best_plan if improved else state.child_plan(move)
                 heapq.heappush(queue, (seconds, counter, child))
                 counter += 1
+            expanded += 1
+            if improved_here := improved_here or improved:
+                if expanded >= MIN_EXPANSION:
+                    # Go on from the better plan; this one goes back in the queue
+                    # with its other moves.
+                    heapq.heappush(queue, (parent_s, counter, plan))
+                    counter += 1
+                    break
+        if len(queue) > 2 * QUEUE_CAP:
+            queue = heapq.nsmallest(QUEUE_CAP, queue)
     return SearchResult(
         plan=best_plan,
         iteration_s=best_s,

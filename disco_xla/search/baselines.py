@@ -12,8 +12,11 @@
   all-reduce could not start before the gradient is ready, or would start less
   than the latency alpha earlier (MG-WFBP, Shi et al.).
 
-XLA's fusion comes from a module XLA compiled: the baselines other than `none`
-are plans over that module, where each fusion is one kernel.
+XLA's fusion comes from the module XLA compiled. `baseline` gives the plans over
+that compiled module, where each fusion is one kernel. `captured_baselines` gives
+every baseline as a plan over the captured module itself, with XLA's kernels
+mapped back to the captured instructions (`xla_fusion`), so that they and the
+search's plans are simulated alike and the search can start from them.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.plan import Plan, gradient_all_reduces_in_order
+from disco_xla.plan import Plan, gradient_all_reduces_in_order, verify_plan
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
@@ -166,3 +170,114 @@ def baseline(
     return Baseline(
         name, compiled_separate, with_buckets(separate, buckets), f"{fusion_note}, {note}"
     )
+
+
+def _bucket_kind(module: HloModule) -> dict[str, tuple]:
+    """What gradients must share to go in one bucket (see `verify_plan`)."""
+    by_name = {i.name: i for i in module.instructions()}
+    return {
+        a.name: (
+            by_name[a.name].shape.leaves()[0].element_type,
+            a.reduction,
+            a.group_size,
+            a.scope,
+            by_name[a.name].computation.name,
+        )
+        for a in module.gradient_all_reduces
+    }
+
+
+def legal_buckets(module: HloModule, buckets) -> tuple[tuple[str, ...], ...]:
+    """`buckets` with each bucket cut where consecutive members differ in dtype,
+    reduction, device groups or computation."""
+    kind = _bucket_kind(module)
+    out: list[tuple[str, ...]] = []
+    for bucket in buckets:
+        run: list[str] = []
+        for name in bucket:
+            if run and kind[name] != kind[run[-1]]:
+                out.append(tuple(run))
+                run = []
+            run.append(name)
+        if run:
+            out.append(tuple(run))
+    return tuple(out)
+
+
+def bucket_rules(
+    name: str,
+    gradients: Gradients,
+    ready_s: dict[str, float],
+    profile: ClusterProfile,
+) -> tuple[tuple[tuple[str, ...], ...], str]:
+    """The buckets baseline `name` makes of `gradients` (in ready order), and a note."""
+    gpu = profile.execution == "gpu-streams"
+    if name == "xla" and not gpu:
+        return (tuple(g for g, _ in gradients),), "XLA:CPU's combined all-reduce"
+    if name == "xla":
+        return (
+            threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES),
+            "XLA:GPU's combiner modelled: up to 30 MB per all-reduce",
+        )
+    if name in ("xla-nocombine", "none"):
+        return tuple((g,) for g, _ in gradients), "one all-reduce per gradient"
+    if name in ("horovod", "horovod-legacy"):
+        cycle_s, limit = (1e-3, 128 * MB) if name == "horovod" else (5e-3, 64 * MB)
+        return (
+            cycle_buckets(gradients, ready_s, cycle_s, limit),
+            f"{limit // MB} MB fusion buffer, {cycle_s * 1e3:.0f} ms cycle",
+        )
+    if name == "ddp":
+        return threshold_buckets(gradients, 25 * MB, first_bytes=1 * MB), (
+            "25 MB buckets, the first 1 MB"
+        )
+    if name == "mgwfbp":
+        alpha = all_reduce_s(1, profile)
+        buckets = mgwfbp_buckets(
+            gradients, ready_s, lambda size: all_reduce_s(size, profile), alpha
+        )
+        return buckets, f"MG-WFBP merging with alpha {alpha * 1e6:.1f} us"
+    raise ValueError(f"unknown baseline {name!r}")
+
+
+def captured_baselines(
+    module: HloModule,
+    compiled_separate: HloModule,
+    profile: ClusterProfile,
+    cost_model: CostModel,
+) -> dict[str, Baseline]:
+    """Every baseline of BASELINES as a plan over the captured `module`.
+
+    `compiled_separate` is the module as XLA compiled it with its all-reduce
+    combiner off: its kernels give XLA's fusion (`xla_fusion_plan`). Ready times
+    for the bucketing rules come from simulating XLA's fusion with one all-reduce
+    per gradient. A plan a rule makes that `verify_plan` refuses (a bucket that
+    would depend on a later one) falls back to one all-reduce per gradient, and
+    says so in its note."""
+    from disco_xla.search.xla_fusion import xla_fusion_plan
+
+    gpu = profile.execution == "gpu-streams"
+    fusion_note = "XLA's fusion mapped onto the captured module" + (
+        " (XLA:CPU's, standing in for XLA:GPU's)" if gpu else ""
+    )
+    xla_fusion = xla_fusion_plan(module, compiled_separate)
+    singletons = simulate(build_task_graph(module, xla_fusion), profile, cost_model)
+    ready = singletons.collective_ready_s
+    gradients = gradients_in_ready_order(module, ready)
+    baselines = {
+        "none": Baseline(
+            "none", module, Plan.unfused(module), "no fusion, one all-reduce per gradient"
+        )
+    }
+    for name in BASELINES:
+        if name == "none":
+            continue
+        buckets, note = bucket_rules(name, gradients, ready, profile)
+        plan = with_buckets(xla_fusion, legal_buckets(module, buckets))
+        try:
+            verify_plan(plan, module)
+        except DiscoInputError as error:
+            plan = xla_fusion
+            note = f"{note} is not legal here ({error}); one all-reduce per gradient instead"
+        baselines[name] = Baseline(name, module, plan, f"{fusion_note}, {note}")
+    return baselines

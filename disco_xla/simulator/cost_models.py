@@ -3,9 +3,10 @@
 - `RooflineCostModel`: max(flops / (peak · e_compute), bytes / (bandwidth · e_memory))
   + launch overhead, with per-op-class efficiency factors from the profile;
 - `TableCostModel`: measured times keyed by the kernel's structural hash, falling
-  back to the roofline for kernels it has not seen (and counting them).
-
-The GNN model (a later issue) plugs in behind the same interface.
+  back to the roofline for kernels it has not seen (and counting them);
+- `GnnCostModel` (`simulator/gnn.py`): a graph network over the kernel's
+  instructions that predicts its log-time, with shipped weights per device in
+  `configs/costmodels/<device>/`.
 """
 
 from __future__ import annotations
@@ -102,18 +103,25 @@ class TableCostModel:
         return self.fallback.kernel_s(kernel)
 
 
-COST_MODELS = ("roofline", "table")
+COST_MODELS = ("roofline", "table", "gnn")
 
 
-def make_cost_model(name: str, profile: ClusterProfile, table: str | None = None) -> CostModel:
-    """The cost model called `name` ('roofline', or 'table' with a table file)."""
+def make_cost_model(
+    name: str, profile: ClusterProfile, table: str | None = None, gnn_model: str | None = None
+) -> CostModel:
+    """The cost model called `name`: 'roofline', 'table' with a table file, or
+    'gnn' with a model directory (default: the shipped weights for the CPU)."""
     roofline = RooflineCostModel(profile)
     if name == "roofline":
         return roofline
+    if name == "gnn":
+        from disco_xla.simulator.gnn import GnnCostModel, default_model_directory
+
+        return GnnCostModel.load(gnn_model or default_model_directory())
     if name == "table":
         if not table:
             raise DiscoInputError(
                 "cost model", "the table cost model needs a table of kernel times"
             )
         return TableCostModel.load(table, fallback=roofline)
-    raise DiscoInputError("cost model", f"unknown cost model {name!r}; use roofline or table")
+    raise DiscoInputError("cost model", f"unknown cost model {name!r}; use roofline, table or gnn")

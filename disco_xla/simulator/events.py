@@ -13,7 +13,8 @@ Two execution models, chosen by the profile:
   collective occupies its thread for its whole duration (XLA:CPU has no
   asynchronous collectives). With `overlap: false` everything runs one at a time.
 
-Iteration time is the finish time of the last task. Exposed communication is the
+Time is counted in integer picoseconds (durations rounded once), so sums are
+exact. Iteration time is the finish time of the last task. Exposed communication is the
 time communication runs while no compute does. T_ideal = max(C, A), C the sum of
 kernel times, A one all-reduce of every gradient byte.
 """
@@ -25,10 +26,14 @@ import heapq
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
+import numpy as np
+
 from disco_xla.simulator.comm import CommCostFn, all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.kernels import TaskGraph
 from disco_xla.simulator.profiles import ClusterProfile
+
+PS_PER_S = 10**12  # the simulator counts integer picoseconds
 
 
 class Event(NamedTuple):
@@ -55,7 +60,15 @@ class SimulationResult:
     buckets: int  # gradient buckets of the plan
     collectives: int  # buckets and other collectives (such as a loss mean)
     collective_ready_s: dict[str, float]  # when each collective's inputs were all ready
-    spans: tuple[tuple, ...]  # the events as plain tuples, in Event's field order
+    spans_ps: tuple[tuple, ...]  # the events as plain tuples, times in integer ps
+
+    @property
+    def spans(self) -> tuple[tuple, ...]:
+        """The events as plain tuples in Event's field order (times in seconds)."""
+        return tuple(
+            (name, lane, kind, start / PS_PER_S, end / PS_PER_S)
+            for name, lane, kind, start, end in self.spans_ps
+        )
 
     @property
     def events(self) -> tuple[Event, ...]:
@@ -63,7 +76,7 @@ class SimulationResult:
 
     def summary(self) -> dict:
         """Everything but the events, for JSON."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "spans"}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "spans_ps"}
         data["critical_path"] = list(self.critical_path)
         return data
 
@@ -88,38 +101,60 @@ def simulate(
             gc.enable()
 
 
+def to_ps(seconds: float) -> int:
+    """A duration in whole picoseconds. Integer time makes every sum exact, so a
+    simulation that adds the same durations in another order (the incremental
+    one) gives bit-equal times."""
+    return round(seconds * PS_PER_S)
+
+
+def communication_ps(
+    size_bytes: int, members: int, profile: ClusterProfile, comm_cost: CommCostFn
+) -> tuple[int, int]:
+    """(all-reduce, one copy) of a communication task, in picoseconds. A bucket of
+    several gradients pays a concatenation before and a split after, each reading
+    and writing its bytes at memory bandwidth, plus a launch."""
+    copy_s = (
+        2 * size_bytes / profile.memory_bandwidth_bytes_per_s + profile.kernel_launch_s
+        if members > 1
+        else 0.0
+    )
+    return to_ps(comm_cost(size_bytes, profile)), to_ps(copy_s)
+
+
 def _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s) -> SimulationResult:
     kernel_s = cost_model.kernels_s(graph)
-    comm_task_s = [comm_cost(size, profile) for _, size, _ in graph.communications]
-    copy_s = [
-        (2 * size / profile.memory_bandwidth_bytes_per_s + profile.kernel_launch_s)
-        if len(members) > 1
-        else 0.0
-        for _, size, members in graph.communications
-    ]
+    # round() and np.rint both round half to even: the same integers as to_ps.
+    kernel_ps = np.rint(np.asarray(kernel_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
+    comm_task_ps, copy_ps = [], []
+    for _, size, members in graph.communications:
+        comm, copy = communication_ps(size, len(members), profile, comm_cost)
+        comm_task_ps.append(comm)
+        copy_ps.append(copy)
     if profile.execution == "gpu-streams":
-        events, finish, bound = _run_streams(graph, kernel_s, comm_task_s, copy_s, profile)
+        events, finish, bound = _run_streams(graph, kernel_ps, comm_task_ps, copy_ps, profile)
     else:
-        events, finish, bound = _run_threads(graph, kernel_s, comm_task_s, copy_s, profile)
-    iteration_s = max((span[4] for span in events), default=0.0)
+        events, finish, bound = _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile)
+    iteration_ps = max((span[4] for span in events), default=0)
     compute = [(span[3], span[4]) for span in events if span[2] != "all-reduce"]
     comm = [(span[3], span[4]) for span in events if span[2] == "all-reduce"]
-    comm_s = sum(end - start for start, end in comm)
-    exposed = _length(_merge(comm)) - _length(_intersect(_merge(comm), _merge(compute)))
+    comm_ps = sum(end - start for start, end in comm)
+    exposed_ps = _length(_merge(comm)) - _length(_intersect(_merge(comm), _merge(compute)))
     gradient_bytes = sum(
         size
         for (_, size, _), bucket in zip(graph.communications, graph.is_bucket, strict=True)
         if bucket
     )
-    compute_total = sum(end - start for start, end in compute)
-    compute_bound = sum(kernel_s) if ideal_compute_s is None else ideal_compute_s
+    compute_ps = sum(end - start for start, end in compute)
+    compute_bound = sum(kernel_ps) / PS_PER_S if ideal_compute_s is None else ideal_compute_s
     ideal = max(compute_bound, comm_cost(gradient_bytes, profile))
+    iteration_s = iteration_ps / PS_PER_S
     return SimulationResult(
         iteration_s=iteration_s,
-        compute_s=compute_total,
-        comm_s=comm_s,
-        exposed_comm_s=max(exposed, 0.0),
-        overlap_ratio=1 - exposed / comm_s if comm_s > 0 else 1.0,
+        compute_s=compute_ps / PS_PER_S,
+        comm_s=comm_ps / PS_PER_S,
+        exposed_comm_s=max(exposed_ps, 0) / PS_PER_S,
+        overlap_ratio=1 - exposed_ps / comm_ps if comm_ps > 0 else 1.0,
         ideal_s=ideal,
         t_over_ideal=iteration_s / ideal if ideal > 0 else 1.0,
         critical_path=_critical_path(graph, finish, bound),
@@ -129,22 +164,24 @@ def _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s) -> Simulat
         buckets=sum(graph.is_bucket),
         collectives=len(graph.communications),
         collective_ready_s={
-            name: max((finish[d] for d in graph.dependencies[len(graph.kernels) + c]), default=0.0)
+            name: max((finish[d] for d in graph.dependencies[len(graph.kernels) + c]), default=0)
+            / PS_PER_S
             for c, (name, _, _) in enumerate(graph.communications)
         },
-        spans=tuple(events),
+        spans_ps=tuple(events),
     )
 
 
 def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
+    """The compute stream in order, buckets in plan order on their streams (times in ps)."""
     kernels, comms = len(graph.kernels), len(graph.communications)
     dependencies = graph.dependencies
     finish: list[float | None] = [None] * (kernels + comms)
     bound: list[int | None] = [None] * (kernels + comms)  # the task that set the start
     events: list[tuple] = []  # Event fields, as plain tuples while running
-    compute_free, last_compute = 0.0, None
+    compute_free, last_compute = 0, None
     streams = max(1, profile.communication_streams)
-    comm_free = [0.0] * (streams + 1)  # the extra stream serves non-bucket collectives
+    comm_free = [0] * (streams + 1)  # the extra stream serves non-bucket collectives
     last_on_stream: list[int | None] = [None] * (streams + 1)
     # Kernels run in order, so a kernel only ever waits on communication; a
     # collective waits for its last producing kernel (and any collective before it).
@@ -185,8 +222,10 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
                     )
                     compute_free = start + copy_s[c]
                     split_done.add(dep)
+            # Kernels before this one on the in-order stream ended by compute_free:
+            # only the communication it reads can make it wait.
             start, who = compute_free, last_compute
-            for dep in dependencies[next_kernel]:
+            for dep in waits:
                 if finish[dep] > start:
                     start, who = finish[dep], dep
             end = start + kernel_s[next_kernel]
@@ -209,7 +248,7 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
             else:
                 stream = streams
             start, who = (
-                max(comm_free[stream], concat_end.get(next_comm, 0.0)),
+                max(comm_free[stream], concat_end.get(next_comm, 0)),
                 last_on_stream[stream],
             )
             for dep in dependencies[task]:
@@ -227,59 +266,197 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
     return events, finish, bound
 
 
-def _run_threads(graph, kernel_s, comm_task_s, copy_s, profile):
+def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
+    """List scheduling on K threads: whenever a thread is free, it takes the ready
+    task of lowest priority (kernels in their order; a collective right after its
+    last producer). A collective holds its thread for its copies and transfer."""
     kernels, comms = len(graph.kernels), len(graph.communications)
     total = kernels + comms
-    duration = kernel_s + [c + 2 * k for c, k in zip(comm_task_s, copy_s, strict=True)]
+    duration = kernel_ps + [c + 2 * k for c, k in zip(comm_task_ps, copy_ps, strict=True)]
     threads = max(1, profile.compute_threads) if profile.overlap else 1
+    dependencies = graph.dependencies
     users: list[list[int]] = [[] for _ in range(total)]
-    waiting = [len(deps) for deps in graph.dependencies]
-    for task, deps in enumerate(graph.dependencies):
+    waiting = [len(deps) for deps in dependencies]
+    for task, deps in enumerate(dependencies):
         for dep in deps:
             users[dep].append(task)
     # Kernels in their order; a collective as soon as its last producer has run.
-    priority = list(range(kernels)) + [producer + 0.5 for producer in graph.last_producer]
+    # Priorities are doubled so that a collective (2p + 1) sits between kernels.
+    priority = list(range(0, 2 * kernels, 2)) + [2 * p + 1 for p in graph.last_producer]
+    names = [k.name for k in graph.kernels] + [c[0] for c in graph.communications]
+    lanes = [f"thread {t}" for t in range(threads)]
     ready = [(priority[t], t) for t in range(total) if waiting[t] == 0]
     heapq.heapify(ready)
-    running: list[tuple[float, int, int]] = []  # (finish, task, thread)
-    free_threads = list(range(threads))
-    finish: list[float | None] = [None] * total
-    bound: list[int | None] = [None] * total
-    last_on_thread: list[int | None] = [None] * threads
+    running: list[tuple[int, int, int]] = []  # (finish, task, thread)
+    free_threads = list(range(threads))  # a heap: the lowest free thread first
+    finish: list = [None] * total
+    bound: list = [None] * total
+    last_on_thread: list = [None] * threads
     events: list[tuple] = []  # Event fields, as plain tuples while running
-    now = 0.0
+    append, heappush, heappop = events.append, heapq.heappush, heapq.heappop
+    now = 0
     while ready or running:
         while ready and free_threads:
-            _, task = heapq.heappop(ready)
-            thread = free_threads.pop(0)
+            task = heappop(ready)[1]
+            thread = heappop(free_threads)
             end = now + duration[task]
-            deps = graph.dependencies[task]
-            latest = max(deps, key=lambda d: finish[d], default=None)
-            bound[task] = (
-                latest if latest is not None and finish[latest] >= now else last_on_thread[thread]
-            )
+            latest, latest_end = None, -1
+            for dep in dependencies[task]:
+                if finish[dep] > latest_end:
+                    latest, latest_end = dep, finish[dep]
+            if latest is None or latest_end < now:
+                latest = last_on_thread[thread]
+            bound[task] = latest
             finish[task] = end
-            is_kernel = task < kernels
-            name = (
-                graph.kernels[task].name if is_kernel else graph.communications[task - kernels][0]
+            append(
+                (names[task], lanes[thread], "kernel" if task < kernels else "all-reduce", now, end)
             )
-            events.append(
-                (name, f"thread {thread}", "kernel" if is_kernel else "all-reduce", now, end)
-            )
-            heapq.heappush(running, (end, task, thread))
+            heappush(running, (end, task, thread))
         if not running:
             break
-        now, task, thread = heapq.heappop(running)
-        free_threads.append(thread)
-        free_threads.sort()
+        now, task, thread = heappop(running)
+        heappush(free_threads, thread)
         last_on_thread[thread] = task
         for user in users[task]:
             waiting[user] -= 1
             if waiting[user] == 0:
-                heapq.heappush(ready, (priority[user], user))
+                heappush(ready, (priority[user], user))
     if any(f is None for f in finish):
         raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
     return events, finish, bound
+
+
+def graph_iteration_ps(
+    graph: TaskGraph, profile: ClusterProfile, kernel_ps: list[int], comm_cost: CommCostFn
+) -> int:
+    """`streams_iteration_ps` of a whole task graph (the `gpu-streams` model)."""
+    kernels = len(graph.kernels)
+    prefix = [0]
+    for duration in kernel_ps:
+        prefix.append(prefix[-1] + duration)
+    comm_ps, copy_ps, stream = [], [], []
+    streams = max(1, profile.communication_streams)
+    bucket_index = 0
+    for (_, size, members), is_bucket in zip(graph.communications, graph.is_bucket, strict=True):
+        comm, copy = communication_ps(size, len(members), profile, comm_cost)
+        comm_ps.append(comm)
+        copy_ps.append(copy)
+        stream.append(bucket_index % streams if is_bucket else streams)
+        bucket_index += is_bucket
+    waits = {
+        k: [c - kernels for c in reads] for k, reads in enumerate(graph.kernel_waits_on) if reads
+    }
+    comm_waits = [[c - kernels for c in reads] for reads in graph.comm_waits_on]
+    return streams_iteration_ps(
+        kernels,
+        lambda positions: [prefix[p] for p in positions],
+        waits,
+        comm_ps,
+        copy_ps,
+        stream,
+        graph.last_producer,
+        comm_waits,
+    )
+
+
+def streams_iteration_ps(
+    kernel_count: int,
+    prefix_ps,
+    waits: dict[int, list[int]],
+    comm_ps: list[int],
+    copy_ps: list[int],
+    comm_stream: list[int],
+    last_producer: list[int],
+    comm_waits: list[list[int]],
+) -> int:
+    """The iteration time of the `gpu-streams` model, without the events: the same
+    arithmetic as the full simulation, visiting only the kernels where something
+    happens (those that read an all-reduce, and the last producer of each).
+
+    `prefix_ps(positions)` gives, for each position i, the summed duration of the
+    kernels at positions below i;
+    `waits[i]` the communication tasks (ascending) the kernel at position i reads;
+    per communication task: its transfer and copy times, its stream, the position
+    of its last producing kernel (-1: none) and the communication tasks it reads.
+    Between two such kernels the compute stream runs back to back, so its clock
+    advances by a difference of prefix sums. Raises RuntimeError where the full
+    simulation cannot make progress."""
+    comms = len(comm_ps)
+    finish = [0] * comms
+    concat_end: dict[int, int] = {}
+    produced_at: dict[int, int] = {}  # position -> end of that kernel
+    concat_after: dict[int, list[int]] = {}
+    for c in range(comms):
+        if copy_ps[c] > 0:
+            concat_after.setdefault(last_producer[c], []).append(c)
+    stream_free = [0] * (max(comm_stream, default=0) + 1)
+    done = 0  # communication tasks 0..done-1 have their finish times
+    split_done: set[int] = set()
+
+    def settle(upto: int, passed: int) -> None:
+        """Finish times of communication tasks up to `upto`; `passed` is the
+        first kernel position not yet run."""
+        nonlocal done
+        while done <= upto:
+            c = done
+            producer = last_producer[c]
+            if producer >= passed:
+                raise RuntimeError(
+                    "the simulation cannot make progress; the plan's order has a cycle"
+                )
+            start = stream_free[comm_stream[c]]
+            ready = concat_end.get(c, produced_at.get(producer, 0))
+            if ready > start:
+                start = ready
+            for dep in comm_waits[c]:
+                if dep >= c:
+                    raise RuntimeError(
+                        "the simulation cannot make progress; the plan's order has a cycle"
+                    )
+                if finish[dep] > start:
+                    start = finish[dep]
+            finish[c] = stream_free[comm_stream[c]] = start + comm_ps[c]
+            done += 1
+
+    free = 0
+    for c in concat_after.get(-1, ()):
+        if comm_waits[c]:
+            settle(max(comm_waits[c]), 0)
+            free = max([free] + [finish[d] for d in comm_waits[c]])
+        free += copy_ps[c]
+        concat_end[c] = free
+    at = 0  # kernels below this position have run; `free` is when the last ended
+    points = sorted(set(waits) | {p for p in last_producer if p >= 0})
+    count = len(points)
+    sums = prefix_ps(points + [p + 1 for p in points] + [kernel_count])
+    previous = 0  # prefix sum at `at`
+    get_waits, get_concats = waits.get, concat_after.get
+    for n, position in enumerate(points):
+        before, after = sums[n], sums[count + n]
+        free += before - previous
+        read = get_waits(position)
+        if read:
+            if read[-1] >= done:
+                settle(read[-1], position)
+            for c in read:
+                if copy_ps[c] > 0 and c not in split_done:
+                    split_done.add(c)
+                    free = max(free, finish[c]) + copy_ps[c]
+            for c in read:
+                if finish[c] > free:
+                    free = finish[c]
+        free += after - before
+        previous = after
+        at = position + 1
+        produced_at[position] = free
+        for c in get_concats(position, ()):
+            if comm_waits[c]:
+                settle(max(comm_waits[c]), at)
+                free = max([free] + [finish[d] for d in comm_waits[c]])
+            free += copy_ps[c]
+            concat_end[c] = free
+    free += sums[-1] - previous
+    return max([free] + finish)
 
 
 def _critical_path(graph: TaskGraph, finish, bound) -> tuple[str, ...]:

@@ -1,26 +1,44 @@
 """From a module and a plan to the task graph the simulator runs.
 
-A task is a kernel (one op-fusion group of the plan), a bucket (one concatenated
-all-reduce of several gradients), or another collective (an all-reduce that is not
-a gradient, such as the loss mean). Dependencies pass through instructions that
-are no work of their own (parameters, tuples, calls): a called computation's
-parameters depend on the call's operands, and the call's users on the callee's
-root, so the body of a pmap'd step is linked to its caller.
+A task is a kernel (one op-fusion group of the plan, once per call of its
+computation), a bucket (one concatenated all-reduce of several gradients), or
+another collective (an all-reduce that is not a gradient, such as the loss mean).
+
+Dependencies pass through instructions that are no work of their own
+(parameters, tuples, calls): a called computation's parameters depend on the
+call's operands, and the call's users on the callee's root, so the body of a
+pmap'd step is linked to its caller. A computation called from several places
+(JAX's `jit(relu)`, for one) runs once per call: each call site gets its own
+instance of the computation's kernels, told apart by the chain of call sites
+("call key").
+
+Kernel order: the compute stream runs the kernels in a topological order (Kahn's
+algorithm). When several kernels are ready, those that read no all-reduce result
+go first, as a latency-hiding scheduler would run them, then the one whose fusion
+group comes first in the plan (instances of one group by call site). The order of
+a plan's fusion groups is therefore its scheduling priority. For the order, a
+kernel that reads an all-reduce result waits for the kernels that produced that
+gradient (not for the rest of its bucket), so the order does not change with the
+buckets; the simulator then makes it wait for its whole bucket.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from disco_xla.hlo_passes.graph import ALL_REDUCE_OPCODES, HloModule, Instruction
-from disco_xla.plan import Plan
+from disco_xla.plan import EXPENSIVE_OPCODES, NOT_FUSIBLE_OPCODES, Plan
 
 CONTROL_CALLS = frozenset({"call", "while", "conditional"})
+# The chain of call sites (instruction names) that tells instances of a
+# computation called from several places apart; () for computations run once.
+CallKey = tuple[str, ...]
 
 
 @dataclass
@@ -110,178 +128,283 @@ class TaskGraph:
 
     @cached_property
     def kernel_arrays(self) -> KernelArrays:
-        element_types = sorted({k.element_type for k in self.kernels})
-        op_classes = sorted({k.op_class for k in self.kernels})
-        type_index = {t: n for n, t in enumerate(element_types)}
-        class_index = {c: n for n, c in enumerate(op_classes)}
-        return KernelArrays(
-            flops=np.array([k.flops for k in self.kernels], dtype=np.float64),
-            bytes=np.array([k.bytes for k in self.kernels], dtype=np.float64),
-            element_types=element_types,
-            element_type_index=np.array([type_index[k.element_type] for k in self.kernels], int),
-            op_classes=op_classes,
-            op_class_index=np.array([class_index[k.op_class] for k in self.kernels], int),
-        )
+        return kernel_arrays(self.kernels)
 
 
-def build_task_graph(module: HloModule, plan: Plan) -> TaskGraph:
-    """The tasks of `plan` on `module` (the plan must have passed `verify_plan`)."""
-    by_name = {i.name: i for i in module.instructions()}
-    task_of: dict[int, int] = {}
-    groups = [[by_name[n] for n in group] for group in plan.fusion_groups]
-    kernel_count = len(groups)
-    for index, members in enumerate(groups):
-        for instr in members:
-            task_of[id(instr)] = index
-    communications: list[tuple[str, int, tuple[str, ...]]] = []
-    is_bucket: list[bool] = []
-    for bucket in plan.all_reduce_buckets:
-        task = kernel_count + len(communications)
-        members = [by_name[n] for n in bucket]
-        for instr in members:
-            task_of[id(instr)] = task
-        name = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
-        communications.append((name, sum(m.shape.bytes for m in members), tuple(bucket)))
-        is_bucket.append(True)
-    for instr in module.instructions():
-        if instr.opcode in ALL_REDUCE_OPCODES and id(instr) not in task_of:
-            task_of[id(instr)] = kernel_count + len(communications)
-            communications.append((instr.name, instr.shape.bytes, (instr.name,)))
-            is_bucket.append(False)
+def kernel_arrays(kernels: list[Kernel]) -> KernelArrays:
+    """The figures batched cost models read, for `kernels`."""
+    element_types = sorted({k.element_type for k in kernels})
+    op_classes = sorted({k.op_class for k in kernels})
+    type_index = {t: n for n, t in enumerate(element_types)}
+    class_index = {c: n for n, c in enumerate(op_classes)}
+    return KernelArrays(
+        flops=np.array([k.flops for k in kernels], dtype=np.float64),
+        bytes=np.array([k.bytes for k in kernels], dtype=np.float64),
+        element_types=element_types,
+        element_type_index=np.array([type_index[k.element_type] for k in kernels], int),
+        op_classes=op_classes,
+        op_class_index=np.array([class_index[k.op_class] for k in kernels], int),
+    )
 
-    callers_operand = _parameter_sources(module)
-    memo: dict[int, frozenset[int]] = {}
 
-    def upstream_tasks(node: Instruction) -> frozenset[int]:
-        """Tasks that `node`'s value waits for (node itself if it is a task)."""
+class ModuleIndex:
+    """What every plan of one module shares, built once per module.
+
+    An atom is a compute instruction or an all-reduce in one instance of its
+    computation. For each atom: the atoms its value waits for (`inputs`, through
+    parameters, tuples and calls), those of them reached only through an
+    instruction that is not a compute instruction (`indirect_inputs`: fusing
+    across such an edge would make a cycle), and the compute atoms it waits for
+    once all-reduces are seen through (`order_inputs`, for the kernel order).
+    """
+
+    def __init__(self, module: HloModule):
+        self.module = module
+        self.by_name: dict[str, Instruction] = {i.name: i for i in module.instructions()}
+        self._bytes: dict[int, int] = {}
+        self._flops: dict[int, int] = {}
+        self.instances: dict[str, list[CallKey]] = {}
+        self._parents: dict[tuple[str, CallKey], list[tuple[Instruction, CallKey]]] = {}
+        self._enumerate_instances()
+        self.position: dict[int, int] = {}
+        counter = 0
+        for computation in module.computations:
+            for instr in computation.topological_order:
+                self.position[id(instr)] = counter
+                counter += 1
+        self.atoms: list[tuple[Instruction, CallKey]] = []
+        self.atom_of: dict[tuple[int, CallKey], int] = {}
+        self.atoms_of_name: dict[str, list[int]] = {}
+        self.is_compute: list[bool] = []
+        for computation in module.computations:
+            if computation.role not in ("entry", "program"):
+                continue
+            for key in self.instances.get(computation.name, [()]):
+                for instr in computation.topological_order:
+                    compute = instr.opcode not in NOT_FUSIBLE_OPCODES
+                    if not compute and instr.opcode not in ALL_REDUCE_OPCODES:
+                        continue
+                    atom = len(self.atoms)
+                    self.atoms.append((instr, key))
+                    self.atom_of[(id(instr), key)] = atom
+                    self.atoms_of_name.setdefault(instr.name, []).append(atom)
+                    self.is_compute.append(compute)
+        self._resolve()
+
+    def _enumerate_instances(self) -> None:
+        module = self.module
+        seen: set[tuple[str, CallKey]] = set()
+        stack: list[tuple] = [(module.entry, ())]
+        while stack:
+            computation, key = stack.pop()
+            if (computation.name, key) in seen:
+                continue
+            seen.add((computation.name, key))
+            self.instances.setdefault(computation.name, []).append(key)
+            for instr in reversed(computation.instructions):
+                if instr.opcode not in CONTROL_CALLS:
+                    continue
+                for callee in instr.called_computations:
+                    child = key + (instr.name,) if len(callee.callers) > 1 else key
+                    self._parents.setdefault((callee.name, child), []).append((instr, key))
+                    stack.append((callee, child))
+        for computation in module.computations:
+            if computation.role in ("entry", "program") and computation.name not in self.instances:
+                self.instances[computation.name] = [()]
+        for keys in self.instances.values():
+            keys.sort()
+
+    def _sources(self, instr: Instruction, key: CallKey) -> list[tuple[Instruction, CallKey]]:
+        """What `instr` (in the instance `key` of its computation) reads."""
+        sources = [(i, key) for i in instr.operands + instr.control_predecessors]
+        if instr.opcode == "get-tuple-element" and instr.operands:
+            # An element of a tuple or of a call's tuple result: just that element.
+            operand, element = instr.operands[0], instr.proto.tuple_index
+            elementwise_tuple = operand.opcode == "tuple" or (
+                operand.opcode == "custom-call"
+                and operand.proto.custom_call_target.startswith("xla.sdy.")
+                and len(operand.operands) == len(operand.shape.tuple_shapes) > 1
+            )  # Shardy's shape markers map operand i to element i
+            if elementwise_tuple and element < len(operand.operands):
+                sources[0] = (operand.operands[element], key)
+            elif operand.opcode == "call" and len(operand.called_computations) == 1:
+                callee = operand.called_computations[0]
+                root = callee.root
+                if root.opcode == "tuple" and element < len(root.operands):
+                    child = key + (operand.name,) if len(callee.callers) > 1 else key
+                    sources[0] = (root.operands[element], child)
+        elif instr.opcode == "parameter":
+            number = instr.proto.parameter_number
+            for caller, parent_key in self._parents.get((instr.computation.name, key), ()):
+                operands = caller.operands
+                if caller.opcode == "conditional":
+                    operands = operands[1:]
+                if number < len(operands):
+                    sources.append((operands[number], parent_key))
+        elif instr.opcode in CONTROL_CALLS:
+            for callee in instr.called_computations:
+                child = key + (instr.name,) if len(callee.callers) > 1 else key
+                sources.append((callee.root, child))
+        return sources
+
+    def _resolve(self) -> None:
+        memo: dict[tuple[int, CallKey], frozenset[int]] = {}
+        atom_of = self.atom_of
+
+        def upstream(node: Instruction, key: CallKey) -> frozenset[int]:
+            """Atoms that a non-atom instruction's value waits for (iterative DFS)."""
+            top = (id(node), key)
+            if top in memo:
+                return memo[top]
+            stack = [(node, key, None)]
+            while stack:
+                current, ckey, pending = stack[-1]
+                mark = (id(current), ckey)
+                if pending is None:
+                    pending = self._sources(current, ckey)
+                    stack[-1] = (current, ckey, pending)
+                    missing = [
+                        (s, k)
+                        for s, k in pending
+                        if (id(s), k) not in atom_of and (id(s), k) not in memo
+                    ]
+                    if missing:
+                        memo[mark] = frozenset()  # guards against a cycle through calls
+                        stack.extend((s, k, None) for s, k in missing)
+                        continue
+                found: set[int] = set()
+                for s, k in pending:
+                    atom = atom_of.get((id(s), k))
+                    if atom is not None:
+                        found.add(atom)
+                    else:
+                        found |= memo.get((id(s), k), frozenset())
+                memo[mark] = frozenset(found)
+                stack.pop()
+            return memo[top]
+
+        self.inputs: list[frozenset[int]] = []
+        self.indirect_inputs: list[frozenset[int]] = []
+        # Compute atoms that read each atom through an operand edge of their own.
+        self.direct_users: list[list[int]] = [[] for _ in self.atoms]
+        for atom, (instr, key) in enumerate(self.atoms):
+            direct: set[int] = set()
+            indirect: set[int] = set()
+            for source, skey in self._sources(instr, key):
+                found = atom_of.get((id(source), skey))
+                if found is None:
+                    indirect |= upstream(source, skey)
+                elif self.is_compute[found] and skey == key:
+                    direct.add(found)
+                else:
+                    indirect.add(found)
+            direct.discard(atom)
+            indirect.discard(atom)
+            self.inputs.append(frozenset(direct | indirect))
+            self.indirect_inputs.append(frozenset(indirect))
+            for source in direct:
+                self.direct_users[source].append(atom)
+        # Compute atoms each atom waits for, with all-reduces seen through.
+        through = self.through_cache = {}
+        for atom in range(len(self.atoms)):  # atoms are in topological order per instance
+            if not self.is_compute[atom]:
+                through[atom] = self._through(atom, through)
+        self.order_inputs: list[frozenset[int]] = []
+        # Compute atoms that wait for each compute atom (order_inputs reversed).
+        self.order_users: list[list[int]] = [[] for _ in self.atoms]
+        for inputs in self.inputs:
+            found = set()
+            for source in inputs:
+                if self.is_compute[source]:
+                    found.add(source)
+                else:
+                    found |= self._through(source, through)
+            if self.is_compute[len(self.order_inputs)]:
+                for source in found:
+                    self.order_users[source].append(len(self.order_inputs))
+            self.order_inputs.append(frozenset(found))
+        self.is_expensive = [i.opcode in EXPENSIVE_OPCODES for i, _ in self.atoms]
+
+    @cached_property
+    def name_position(self) -> dict[str, int]:
+        """Each instruction's place in the module's topological order, by name."""
+        return {name: self.position[id(instr)] for name, instr in self.by_name.items()}
+
+    def bytes_of(self, instr: Instruction) -> int:
+        """The instruction's result bytes, computed once."""
+        found = self._bytes.get(id(instr))
+        if found is None:
+            found = self._bytes[id(instr)] = instr.shape.bytes
+        return found
+
+    def flops_of(self, instr: Instruction) -> int:
+        """The instruction's FLOPs, computed once."""
+        found = self._flops.get(id(instr))
+        if found is None:
+            found = self._flops[id(instr)] = instr.flops
+        return found
+
+    def through(self, atom: int) -> frozenset[int]:
+        """The compute atoms an all-reduce atom's value waits for."""
+        return self._through(atom, self.through_cache)
+
+    def _through(self, atom: int, through: dict[int, frozenset[int]]) -> frozenset[int]:
+        if atom in through:
+            return through[atom]
         found: set[int] = set()
-        stack = [node]
-        seen: set[int] = set()
+        stack = list(self.inputs[atom])
+        seen = set()
         while stack:
-            current = stack.pop()
-            if id(current) in seen:
+            source = stack.pop()
+            if source in seen:
                 continue
-            seen.add(id(current))
-            task = task_of.get(id(current))
-            if task is not None:
-                found.add(task)
-                continue
-            if id(current) in memo:
-                found |= memo[id(current)]
-                continue
-            stack.extend(_inputs(current, callers_operand))
-        result = frozenset(found)
-        memo[id(node)] = result
-        return result
-
-    dependencies: list[set[int]] = [set() for _ in range(kernel_count + len(communications))]
-    for instr in module.instructions():
-        task = task_of.get(id(instr))
-        if task is None:
-            continue
-        for source in _inputs(instr, callers_operand):
-            dependencies[task] |= upstream_tasks(source)
-    for task, deps in enumerate(dependencies):
-        deps.discard(task)
-
-    order = _kernel_order(groups, dependencies, kernel_count, module)
-    renumber = {old: new for new, old in enumerate(order)}
-    renumber.update({t: t for t in range(kernel_count, len(dependencies))})
-    kernels = [_kernel(groups[old], task_of, old) for old in order]
-    ordered_dependencies = [sorted(renumber[d] for d in dependencies[old]) for old in order]
-    ordered_dependencies += [
-        sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
-    ]
-    return TaskGraph(kernels, communications, ordered_dependencies, is_bucket)
-
-
-def _parameter_sources(module: HloModule) -> dict[int, list[Instruction]]:
-    """For each parameter of a called computation, the call operands feeding it."""
-    sources: dict[int, list[Instruction]] = {}
-    for computation in module.computations:
-        for caller in computation.callers:
-            if caller.opcode not in CONTROL_CALLS:
-                continue
-            for instr in computation.instructions:
-                if instr.opcode == "parameter":
-                    number = instr.proto.parameter_number
-                    operands = (
-                        caller.operands[1:] if caller.opcode == "conditional" else caller.operands
-                    )
-                    if number < len(operands):
-                        sources.setdefault(id(instr), []).append(operands[number])
-    return sources
-
-
-def _inputs(instr: Instruction, parameter_sources) -> list[Instruction]:
-    inputs = instr.operands + instr.control_predecessors
-    if instr.opcode == "parameter":
-        inputs = inputs + parameter_sources.get(id(instr), [])
-    elif instr.opcode in CONTROL_CALLS:
-        inputs = inputs + [c.root for c in instr.called_computations]
-    return inputs
-
-
-def _kernel_order(groups, dependencies, kernel_count, module) -> list[int]:
-    """A topological order of the kernels (communication tasks are transparent:
-    a kernel after a bucket waits for the bucket's producers). Among ready kernels,
-    those that do not wait on communication go first, as a latency-hiding
-    scheduler would order them; ties by position in the module."""
-    position = {}
-    counter = 0
-    for computation in module.computations:
-        for instr in computation.topological_order:
-            position[id(instr)] = counter
-            counter += 1
-    first = [min(position[id(i)] for i in members) for members in groups]
-    kernel_deps: list[set[int]] = []
-    for task in range(kernel_count):
-        resolved: set[int] = set()
-        stack = list(dependencies[task])
-        while stack:
-            dep = stack.pop()
-            if dep < kernel_count:
-                resolved.add(dep)
+            seen.add(source)
+            if self.is_compute[source]:
+                found.add(source)
+            elif source in through:
+                found |= through[source]
             else:
-                stack.extend(d for d in dependencies[dep] if d not in resolved)
-        kernel_deps.append(resolved)
-    users: list[list[int]] = [[] for _ in range(kernel_count)]
-    waiting = [len(deps) for deps in kernel_deps]
-    for task, deps in enumerate(kernel_deps):
-        for dep in deps:
-            users[dep].append(task)
-    waits_on_comm = [any(d >= kernel_count for d in dependencies[t]) for t in range(kernel_count)]
-
-    def key(task: int) -> tuple[bool, int, int]:
-        return waits_on_comm[task], first[task], task
-
-    ready = [key(t) for t in range(kernel_count) if waiting[t] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        *_, task = heapq.heappop(ready)
-        order.append(task)
-        for user in users[task]:
-            waits_on_comm[user] = waits_on_comm[user] or waits_on_comm[task]
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                heapq.heappush(ready, key(user))
-    if len(order) != kernel_count:
-        raise ValueError("the plan's kernels have a cycle; run verify_plan first")
-    return order
+                stack.extend(self.inputs[source])
+        through[atom] = frozenset(found)
+        return through[atom]
 
 
-def _kernel(members: list[Instruction], task_of: dict[int, int], task: int) -> Kernel:
+_INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _shape_bytes(instr: Instruction) -> int:
+    return instr.shape.bytes
+
+
+def module_index(module: HloModule) -> ModuleIndex:
+    """The module's index, built on first use and kept while the module lives."""
+    index = _INDEXES.get(module)
+    if index is None:
+        index = _INDEXES[module] = ModuleIndex(module)
+    return index
+
+
+def kernel_for(
+    members: list[Instruction], name: str | None = None, index: ModuleIndex | None = None
+) -> Kernel:
+    """The Kernel of one fusion group's instructions (`index`: the module's, to
+    reuse its per-instruction bytes and FLOPs)."""
+    if index is None:
+        size = _shape_bytes
+        flops = sum(i.flops for i in members)
+    else:
+        size = index.bytes_of
+        flops = sum(index.flops_of(i) for i in members)
     inside = {id(i) for i in members}
     read: dict[int, int] = {}
     written = 0
     for instr in members:
         for operand in instr.operands:
             if id(operand) not in inside:
-                read[id(operand)] = operand.shape.bytes
+                read[id(operand)] = size(operand)
         if not instr.users or any(id(u) not in inside for u in instr.users):
-            written += instr.shape.bytes
-    largest = max(members, key=lambda i: i.shape.bytes)
+            written += size(instr)
+    largest = max(members, key=size)
     leaves = largest.shape.leaves()
     opcodes = {i.opcode for i in members}
     op_class = next(
@@ -289,11 +412,113 @@ def _kernel(members: list[Instruction], task_of: dict[int, int], task: int) -> K
         "reduce" if opcodes & {"reduce", "reduce-window"} else "elementwise",
     )
     return Kernel(
-        name=members[0].name,
+        name=name or members[0].name,
         instructions=members,
-        flops=sum(i.flops for i in members),
+        flops=flops,
         bytes_in=sum(read.values()),
         bytes_out=written,
         element_type=leaves[0].element_type if leaves else "f32",
         op_class=op_class,
     )
+
+
+def kernel_instances(
+    index: ModuleIndex, plan: Plan
+) -> tuple[list[tuple[int, CallKey]], dict[int, int]]:
+    """The kernels of `plan` before ordering: (group, call key) for each, and the
+    kernel of every compute atom."""
+    by_name = index.by_name
+    kernels: list[tuple[int, CallKey]] = []
+    kernel_of_atom: dict[int, int] = {}
+    for group_index, group in enumerate(plan.fusion_groups):
+        computation = by_name[group[0]].computation
+        keys = index.instances.get(computation.name, [()])
+        for key in keys:
+            kernel = len(kernels)
+            kernels.append((group_index, key))
+            for name in group:
+                atom = index.atom_of[(id(by_name[name]), key)]
+                kernel_of_atom[atom] = kernel
+    return kernels, kernel_of_atom
+
+
+def kernel_order(priority: list, predecessors: list[set[int]]) -> list[int]:
+    """The topological order that, among ready kernels, runs the lowest
+    `priority` first (Kahn's algorithm with a heap)."""
+    count = len(priority)
+    users: list[list[int]] = [[] for _ in range(count)]
+    waiting = [len(p) for p in predecessors]
+    for kernel, preds in enumerate(predecessors):
+        for pred in preds:
+            users[pred].append(kernel)
+    ready = [(priority[k], k) for k in range(count) if waiting[k] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, kernel = heapq.heappop(ready)
+        order.append(kernel)
+        for user in users[kernel]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (priority[user], user))
+    if len(order) != count:
+        raise ValueError("the plan's kernels have a cycle; run verify_plan first")
+    return order
+
+
+def build_task_graph(module: HloModule, plan: Plan) -> TaskGraph:
+    """The tasks of `plan` on `module` (the plan must have passed `verify_plan`)."""
+    index = module_index(module)
+    by_name = index.by_name
+    instances, kernel_of_atom = kernel_instances(index, plan)
+    kernel_count = len(instances)
+    task_of_atom = dict(kernel_of_atom)
+    communications: list[tuple[str, int, tuple[str, ...]]] = []
+    is_bucket: list[bool] = []
+    for bucket in plan.all_reduce_buckets:
+        task = kernel_count + len(communications)
+        for name in bucket:
+            for atom in index.atoms_of_name[name]:
+                task_of_atom[atom] = task
+        label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
+        communications.append((label, sum(by_name[n].shape.bytes for n in bucket), tuple(bucket)))
+        is_bucket.append(True)
+    for atom, (instr, key) in enumerate(index.atoms):
+        if atom not in task_of_atom:  # a collective that is not a gradient
+            task_of_atom[atom] = kernel_count + len(communications)
+            label = instr.name + (f"@{key[-1]}" if key else "")
+            communications.append((label, instr.shape.bytes, (instr.name,)))
+            is_bucket.append(False)
+    dependencies: list[set[int]] = [set() for _ in range(kernel_count + len(communications))]
+    order_preds: list[set[int]] = [set() for _ in range(kernel_count)]
+    for atom, task in task_of_atom.items():
+        deps = dependencies[task]
+        for source in index.inputs[atom]:
+            deps.add(task_of_atom[source])
+        if task < kernel_count:
+            preds = order_preds[task]
+            for source in index.order_inputs[atom]:
+                preds.add(kernel_of_atom[source])
+    for task, deps in enumerate(dependencies):
+        deps.discard(task)
+    for kernel, preds in enumerate(order_preds):
+        preds.discard(kernel)
+    reads_comm = [False] * kernel_count
+    for atom, kernel in kernel_of_atom.items():
+        if not reads_comm[kernel] and any(not index.is_compute[s] for s in index.inputs[atom]):
+            reads_comm[kernel] = True
+    priority = [(reads_comm[k], group, key) for k, (group, key) in enumerate(instances)]
+    order = kernel_order(priority, order_preds)
+    renumber = {old: new for new, old in enumerate(order)}
+    renumber.update({t: t for t in range(kernel_count, len(dependencies))})
+    kernels = []
+    for old in order:
+        group, key = instances[old]
+        members = [by_name[n] for n in plan.fusion_groups[group]]
+        label = members[0].name + (f"@{key[-1]}" if key else "")
+        kernels.append(kernel_for(members, label, index))
+    ordered_dependencies = [sorted(renumber[d] for d in dependencies[old]) for old in order]
+    ordered_dependencies += [
+        sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
+    ]
+    return TaskGraph(kernels, communications, ordered_dependencies, is_bucket)

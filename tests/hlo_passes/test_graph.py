@@ -158,3 +158,21 @@ def test_control_predecessors_are_linked_and_ordered():
     assert early.control_predecessors == [late]
     order = [i.name for i in module.entry.topological_order]
     assert order.index("late") < order.index("early")
+
+
+def test_fingerprint_ignores_id_counters_and_source_lines_but_not_the_program():
+    import jax
+    import jax.numpy as jnp
+
+    from disco_xla.capture import capture_jax
+
+    def step(scale):
+        return jax.jit(lambda x: jnp.tanh(x) * scale)
+
+    x = jnp.ones((4, 4))
+    first = capture_jax(step(2.0), x)
+    capture_jax(jax.jit(lambda y: jnp.sin(y) @ y), x)  # moves XLA's id counters on
+    again = capture_jax(step(2.0), x)  # and from another source line
+    assert first.to_bytes() != again.to_bytes()
+    assert first.fingerprint == again.fingerprint
+    assert capture_jax(step(3.0), x).fingerprint != first.fingerprint

@@ -165,4 +165,4 @@ def test_python_api_returns_a_legal_plan_and_matches_the_search(step):
     )
     assert plan == direct.plan
     with pytest.raises(DiscoInputError, match="unknown cost model"):
-        disco_xla.optimize(step, cluster="cpu-local", cost_model="gnn")
+        disco_xla.optimize(step, cluster="cpu-local", cost_model="no-such-model")

@@ -1,0 +1,273 @@
+"""Train and evaluate the GNN kernel cost model on a profiling data set.
+
+Training: the loss is the mean squared error of the standardised log-time, which
+weighs relative errors alike for fast and slow kernels. optax Adam (learning rate
+`LEARNING_RATE`, gradients clipped to norm 1), batches of `BATCH_GRAPHS` kernels
+padded to power-of-two sizes, and early stopping: a validation split of the
+training kernels (10%, by structural hash, so a kernel measured twice is never on
+both sides) is scored after each epoch; training stops after `PATIENCE` epochs
+without improvement and keeps the best weights. The opcode vocabulary is the
+fixed one less the opcodes the training kernels never use; 2% of the nodes are
+shown as the 'other' opcode, so that bucket is trained for opcodes never seen.
+
+Training and evaluation see each distinct kernel of a module once (the same
+structural hash recurs across plans and repeated layers), with the median of its
+measured times. Samples whose group XLA emitted no kernel for (`kernel_count ==
+0`: only the call thunk was timed, tenths of a microsecond) are left out.
+
+Evaluation: MAPE (mean |predicted - measured| / measured), median APE and Kendall
+τ-b between predicted and measured times, for the GNN and for the roofline of a
+cluster profile side by side. Split by model (`hold_out_model`) for honest
+figures: a model's kernels are then never seen in training.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+import zlib
+
+import numpy as np
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.profiling.dataset import KernelDataset
+from disco_xla.simulator.cost_models import RooflineCostModel
+from disco_xla.simulator.gnn import BATCH_GRAPHS as PREDICT_BATCH
+from disco_xla.simulator.gnn import (
+    GnnCostModel,
+    NetworkConfig,
+    batch,
+    featurize,
+    jitted_apply,
+    network,
+    save_model,
+)
+from disco_xla.simulator.kernel_features import OPCODE_VOCABULARY
+from disco_xla.simulator.kernels import KernelArrays
+from disco_xla.simulator.profiles import ClusterProfile
+
+LEARNING_RATE = 1e-3
+BATCH_GRAPHS = 128
+PATIENCE = 8
+VALIDATION_FRACTION = 0.1
+OTHER_FRACTION = 0.02  # nodes shown to training as the 'other' opcode
+
+
+def measured(dataset: KernelDataset) -> KernelDataset:
+    """One sample per distinct kernel of each module (same structural hash),
+    with the median of its measured times, over the samples with at least one
+    kernel and a positive time."""
+    keep = np.flatnonzero((dataset.kernel_count > 0) & (dataset.time_s > 0))
+    times: dict[tuple[str, str], list[float]] = {}
+    first: dict[tuple[str, str], int] = {}
+    for index in keep:
+        key = (str(dataset.module[index]), str(dataset.structural_hash[index]))
+        times.setdefault(key, []).append(float(dataset.time_s[index]))
+        first.setdefault(key, int(index))
+    distinct = dataset.subset(list(first.values()))
+    distinct.time_s = np.array([float(np.median(times[key])) for key in first])
+    return distinct
+
+
+def _validation_mask(hashes: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    buckets = np.array([zlib.crc32(f"{seed}:{h}".encode()) % 1000 for h in hashes])
+    return buckets < fraction * 1000
+
+
+def train(
+    dataset: KernelDataset,
+    epochs: int = 60,
+    seed: int = 0,
+    config: NetworkConfig | None = None,
+    hold_out_model: str | None = None,
+    max_steps: int | None = None,
+    verbose: bool = False,
+) -> tuple[GnnCostModel, dict]:
+    """Train on `dataset` (less `hold_out_model`'s kernels); returns the model
+    with the best validation loss and a report."""
+    import jax
+    import jax.numpy as jnp
+    import jraph
+    import optax
+
+    start_s = time.perf_counter()
+    data = measured(dataset)
+    if hold_out_model is not None:
+        if hold_out_model not in set(data.model.tolist()):
+            raise DiscoInputError(hold_out_model, "no kernels of this model in the data set")
+        data = data.subset(np.flatnonzero(data.model != hold_out_model))
+    if len(data) < 2:
+        raise DiscoInputError("data set", f"{len(data)} measured kernels; too few to train")
+    # The vocabulary is the fixed one less the opcodes training never saw: those
+    # go to the 'other' bucket, which learns from OTHER_FRACTION of the nodes.
+    seen = set(data.node_opcode.tolist())
+    config = config or NetworkConfig(opcodes=tuple(o for o in OPCODE_VOCABULARY if o in seen))
+    in_validation = _validation_mask(data.structural_hash, VALIDATION_FRACTION, seed)
+    if in_validation.all() or not in_validation.any():
+        in_validation = np.arange(len(data)) % 10 == 0
+    train_data = data.subset(np.flatnonzero(~in_validation))
+    validation_data = data.subset(np.flatnonzero(in_validation))
+    log_s = np.log(train_data.time_s)
+    mean, std = float(log_s.mean()), float(max(log_s.std(), 1e-3))
+    train_features = featurize(train_data, config.opcodes)
+    validation_features = featurize(validation_data, config.opcodes)
+    train_targets = ((log_s - mean) / std).astype(np.float32)
+    validation_targets = ((np.log(validation_data.time_s) - mean) / std).astype(np.float32)
+
+    model = network(config)
+    rng = np.random.default_rng(seed)
+    params = model.init(jax.random.PRNGKey(seed), batch(train_features, 0, 1))
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(LEARNING_RATE))
+    opt_state = optimizer.init(params)
+
+    def padded_targets(targets, padded_graph, count):
+        out = np.zeros(padded_graph.n_node.shape[0], np.float32)
+        out[:count] = targets
+        return out
+
+    def loss_fn(params, graph, targets):
+        mask = jraph.get_graph_padding_mask(graph)
+        error = (model.apply(params, graph) - targets) ** 2
+        return jnp.sum(jnp.where(mask, error, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+    @jax.jit
+    def update(params, opt_state, graph, targets):
+        loss, grads = jax.value_and_grad(loss_fn)(params, graph, targets)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    predict = jitted_apply(config)
+
+    def validation_predictions(params) -> np.ndarray:
+        """Standardised log-times of the validation kernels, in the cost model's
+        batches (so the compiled shapes are shared with it)."""
+        parts = []
+        for first in range(0, len(validation_features), PREDICT_BATCH):
+            last = min(first + PREDICT_BATCH, len(validation_features))
+            graph = batch(validation_features, first, last)
+            parts.append(np.asarray(predict(params, graph))[: last - first])
+        return np.concatenate(parts)
+
+    def validation_loss(params) -> float:
+        return float(np.mean((validation_predictions(params) - validation_targets) ** 2))
+
+    # Shuffled batches are contiguous slices of a permuted copy, padded to
+    # power-of-two sizes: a few shapes, so jit compiles a few times only.
+    initial_loss = validation_loss(params)
+    best = (initial_loss, params, 0)
+    steps, epochs_run, since_best = 0, 0, 0
+    for epoch in range(epochs):
+        order = rng.permutation(len(train_data))
+        shuffled = train_data.subset(order)
+        features = featurize(shuffled, config.opcodes)
+        features.opcode[rng.random(len(features.opcode)) < OTHER_FRACTION] = len(config.opcodes)
+        targets = train_targets[order]
+        # Full batches only (one graph-count shape), unless there is just one.
+        for first in range(0, max(len(shuffled) - BATCH_GRAPHS + 1, 1), BATCH_GRAPHS):
+            last = min(first + BATCH_GRAPHS, len(shuffled))
+            graph = batch(features, first, last, BATCH_GRAPHS + 1)
+            padded = padded_targets(targets[first:last], graph, last - first)
+            params, opt_state, _ = update(params, opt_state, graph, padded)
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                break
+        epochs_run = epoch + 1
+        loss = validation_loss(params)
+        if verbose:
+            print(f"epoch {epochs_run}: validation loss {loss:.4f}", flush=True)
+        if loss < best[0]:
+            best, since_best = (loss, params, epochs_run), 0
+        else:
+            since_best += 1
+        if since_best >= PATIENCE or (max_steps is not None and steps >= max_steps):
+            break
+    gnn = GnnCostModel(best[1], config, mean, std)
+    validation_predicted = np.exp(validation_predictions(best[1]) * std + mean)
+    report = {
+        "train_samples": len(train_data),
+        "validation_samples": len(validation_data),
+        "held_out_model": hold_out_model,
+        "models": sorted(set(train_data.model.tolist())),
+        "epochs": epochs_run,
+        "best_epoch": best[2],
+        "steps": steps,
+        "initial_validation_loss": initial_loss,
+        "best_validation_loss": best[0],
+        "validation_mape": _mape(validation_predicted, validation_data.time_s),
+        "seconds": time.perf_counter() - start_s,
+        "target_log_s_mean": mean,
+        "target_log_s_std": std,
+    }
+    return gnn, report
+
+
+def train_and_save(dataset: KernelDataset, directory: str, **options) -> dict:
+    """Train, then write the model directory (config.json + params.npz)."""
+    gnn, report = train(dataset, **options)
+    try:
+        save_model(directory, gnn.params, gnn.config, gnn.target_mean, gnn.target_std, report)
+    except OSError as error:
+        raise DiscoInputError(directory, f"cannot write the model ({error.strerror})") from None
+    return {**report, "out": directory}
+
+
+def _mape(predicted: np.ndarray, measured_s: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured_s) / measured_s)) if len(measured_s) else 0.0
+
+
+def error_figures(predicted_s: np.ndarray, measured_s: np.ndarray) -> dict:
+    """MAPE, median APE (fractions: 0.08 is 8%) and Kendall τ-b."""
+    from scipy.stats import kendalltau
+
+    relative = np.abs(predicted_s - measured_s) / measured_s
+    tau = kendalltau(predicted_s, measured_s).statistic if len(measured_s) > 1 else float("nan")
+    return {
+        "mape": float(relative.mean()),
+        "median_ape": float(np.median(relative)),
+        "kendall_tau": float(tau),
+    }
+
+
+def roofline_s(dataset: KernelDataset, profile: ClusterProfile) -> np.ndarray:
+    """The roofline cost model's times for the data set's kernels (its own
+    batched formula, fed the stored FLOPs, bytes, dtypes and op classes)."""
+    element_types = sorted(set(dataset.element_type.tolist()))
+    op_classes = sorted(set(dataset.op_class.tolist()))
+    arrays = KernelArrays(
+        flops=dataset.kernel_flops,
+        bytes=dataset.kernel_bytes_in + dataset.kernel_bytes_out,
+        element_types=element_types,
+        element_type_index=np.searchsorted(element_types, dataset.element_type),
+        op_classes=op_classes,
+        op_class_index=np.searchsorted(op_classes, dataset.op_class),
+    )
+    graph = types.SimpleNamespace(kernel_arrays=arrays)
+    return np.array(RooflineCostModel(profile).kernels_s(graph))  # type: ignore[arg-type]
+
+
+def evaluate(
+    model: GnnCostModel,
+    dataset: KernelDataset,
+    profile: ClusterProfile,
+    only_model: str | None = None,
+) -> dict:
+    """GNN and roofline error figures on the measured kernels of `dataset` (of
+    `only_model`, if given)."""
+    data = measured(dataset)
+    if only_model is not None:
+        data = data.subset(np.flatnonzero(data.model == only_model))
+        if not len(data):
+            raise DiscoInputError(only_model, "no kernels of this model in the data set")
+    if not len(data):
+        raise DiscoInputError("data set", "no measured kernels")
+    start = time.perf_counter()
+    predicted = model.predict_features(featurize(data, model.config.opcodes))
+    predict_s = time.perf_counter() - start
+    return {
+        "samples": len(data),
+        "models": sorted(set(data.model.tolist())),
+        "gnn": error_figures(predicted, data.time_s),
+        "roofline": error_figures(roofline_s(data, profile), data.time_s),
+        "cluster": profile.name,
+        "predict_s": predict_s,
+    }

@@ -1,0 +1,202 @@
+"""XLA's own kernel grouping, expressed as fusion groups over the captured module.
+
+The baselines `xla`, `xla-nocombine`, `horovod`, `ddp` and `mgwfbp` all use the
+fusion XLA chose when it compiled the step. XLA compiles the captured
+(pre-optimisation) module into a different module: instructions are renamed,
+simplified, duplicated into several fusions or removed. To search from XLA's
+choice, and to compare every plan over one module, this maps XLA's kernels back
+to the captured instructions:
+
+1. Each kernel of the compiled module (a fusion, or a lone compute instruction)
+   is described by the `(op_name, opcode)` of every instruction inside it. The
+   captured module's `metadata.op_name` is the same path without the outer
+   `jit(...)/shard_map/` prefix; inside a called computation it is relative to the
+   call, so the caller's op_name is put in front.
+2. A captured instruction's candidates are the kernels holding an instruction
+   with its key (several when XLA duplicated it), else with its `op_name` alone.
+3. An instruction with no candidate (a reshape XLA turned into a bitcast, a
+   broadcast folded away) joins its producer's kernel, else its users' earliest
+   candidate.
+4. Legality by construction: kernels are numbered in the compiled schedule order,
+   and one pass over each computation in topological order keeps every edge
+   going from a lower number to a higher or equal one (equal only inside a
+   group, and strictly higher across an instruction that is no kernel). An
+   instruction with no such choice, or a second dot or convolution in a kernel,
+   gets a new kernel of its own numbered after its inputs. Groups whose numbers
+   never decrease along an edge contract to an acyclic graph, so the plan passes
+   `verify_plan`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from disco_xla.hlo_passes.graph import HloModule, Instruction
+from disco_xla.plan import EXPENSIVE_OPCODES, NOT_FUSIBLE_OPCODES, Plan, compute_instructions
+
+# A kernel number: (position in XLA's schedule, tie-breaker for kernels we add).
+KernelLabel = tuple[int, int]
+# A candidate kernel more than this many kernels after the instruction's latest
+# producer is a copy XLA made elsewhere (a forward value recomputed in the
+# backward pass), not where the instruction itself went.
+CANDIDATE_REACH = 16
+
+
+def full_op_name(instr: Instruction) -> str:
+    """The instruction's op_name as a path from the step's top: inside a called
+    computation (one with a single kind of caller) the caller's op_name is prefixed."""
+    name = instr.op_name
+    computation = instr.computation
+    seen = 0
+    while computation.callers and seen < 8:
+        caller = computation.callers[0]
+        if caller.opcode != "call" or not caller.op_name:
+            break
+        name = f"{caller.op_name}/{name}" if name else caller.op_name
+        computation = caller.computation
+        seen += 1
+    return name
+
+
+def _compiled_kernels(compiled: HloModule) -> list[list[tuple[str, str]]]:
+    """For each kernel of the compiled module, in schedule order, the
+    (op_name, opcode) of every instruction it computes."""
+    kernels = []
+    for instr in compute_instructions(compiled):
+        inside: list[tuple[str, str]] = []
+        stack = [instr]
+        while stack:
+            current = stack.pop()
+            if current.opcode == "fusion":
+                for called in current.called_computations:
+                    stack.extend(reversed(called.topological_order))
+                continue
+            if current.opcode in NOT_FUSIBLE_OPCODES and current is not instr:
+                continue
+            inside.append((current.op_name, current.opcode))
+        kernels.append(inside)
+    return kernels
+
+
+def _strip_prefix(op_name: str, known: set[str], cache: dict[str, str | None]) -> str | None:
+    """The captured op_name `op_name` stands for: the compiled one with its first
+    path components dropped (`jit(_fun)/shard_map/...`), whichever is known."""
+    if op_name in cache:
+        return cache[op_name]
+    parts = op_name.split("/")
+    found = None
+    for start in range(min(len(parts), 4)):
+        candidate = "/".join(parts[start:])
+        if candidate in known:
+            found = candidate
+            break
+    cache[op_name] = found
+    return found
+
+
+def xla_kernel_candidates(captured: HloModule, compiled: HloModule) -> dict[str, list[int]]:
+    """For each captured compute instruction that XLA's kernels account for, the
+    kernels (indices in the compiled schedule, ascending) that hold an instruction
+    with its op_name and opcode, or failing that its op_name alone. XLA may have
+    copied one instruction into several kernels, hence a list."""
+    compute = compute_instructions(captured)
+    names = {id(i): full_op_name(i) for i in compute}
+    known = set(names.values())
+    by_key: dict[tuple[str, str], set[int]] = defaultdict(set)
+    by_name: dict[str, set[int]] = defaultdict(set)
+    cache: dict[str, str | None] = {}
+    for index, inside in enumerate(_compiled_kernels(compiled)):
+        for op_name, opcode in inside:
+            name = _strip_prefix(op_name, known, cache)
+            if name:
+                by_key[(name, opcode)].add(index)
+                by_name[name].add(index)
+    candidates = {}
+    for instr in compute:
+        name = names[id(instr)]
+        found = by_key.get((name, instr.opcode)) or by_name.get(name)
+        if found:
+            candidates[instr.name] = sorted(found)
+    return candidates
+
+
+def _fits(label: KernelLabel, bound, expensive) -> bool:
+    """Whether an instruction may join kernel `label`: no lower than its kernel
+    operands, above its other inputs, and one dot or convolution at most."""
+    from_kernels, from_others, is_expensive = bound
+    return (
+        label >= from_kernels
+        and label > from_others
+        and not (is_expensive and expensive[label] >= 1)
+    )
+
+
+def xla_fusion_groups(captured: HloModule, compiled: HloModule) -> tuple[tuple[str, ...], ...]:
+    """Fusion groups over `captured` that follow the kernels of `compiled` (the same
+    step as XLA compiled it), legal for `verify_plan` by construction.
+
+    One pass over each computation in topological order gives every instruction a
+    kernel number no lower than its operands' (step 4): the kernel of one of its
+    producers when XLA put it there, else the earliest of its candidate kernels
+    that keeps the numbers rising; an instruction without candidates joins its
+    producer (a reshape XLA made a bitcast) or its users' earliest candidate (a
+    broadcast folded into its users)."""
+    candidates = xla_kernel_candidates(captured, compiled)
+    compute = compute_instructions(captured)
+    is_compute = {id(i) for i in compute}
+    lowest: KernelLabel = (-1, 0)
+    fresh = 0
+    members: dict[tuple, list[str]] = {}
+    for computation in captured.computations:
+        if computation.role not in ("entry", "program"):
+            continue
+        label_of: dict[int, KernelLabel] = {}
+        expensive: dict[KernelLabel, int] = defaultdict(int)
+        for instr in computation.topological_order:
+            inputs = instr.operands + instr.control_predecessors
+            producer_labels = [label_of[id(o)] for o in inputs if id(o) in is_compute]
+            from_kernels = max(producer_labels, default=lowest)
+            from_others = max(
+                (label_of.get(id(o), lowest) for o in inputs if id(o) not in is_compute),
+                default=lowest,
+            )
+            if id(instr) not in is_compute:
+                label_of[id(instr)] = max(from_kernels, from_others)
+                continue
+            is_expensive = instr.opcode in EXPENSIVE_OPCODES
+
+            bound = (from_kernels, from_others, is_expensive)
+            own = [
+                (k, 0)
+                for k in candidates.get(instr.name, ())
+                if not producer_labels or k <= from_kernels[0] + CANDIDATE_REACH
+            ]
+            choice = next((lab for lab in own if lab in producer_labels), None)
+            if choice is None or not _fits(choice, bound, expensive):
+                choice = next((lab for lab in own if _fits(lab, bound, expensive)), None)
+            if choice is None and producer_labels and _fits(from_kernels, bound, expensive):
+                choice = from_kernels
+            if choice is None:
+                hinted = sorted({k for user in instr.users for k in candidates.get(user.name, ())})
+                choice = next(
+                    (lab for lab in ((k, 0) for k in hinted) if _fits(lab, bound, expensive)), None
+                )
+            if choice is None:
+                fresh += 1
+                choice = (max(from_kernels, from_others, lowest)[0], fresh)
+            label_of[id(instr)] = choice
+            expensive[choice] += is_expensive
+            members.setdefault((computation.name, choice), []).append(instr.name)
+    ordered = sorted(members.items(), key=lambda item: (item[0][1], item[0][0]))
+    return tuple(tuple(names) for _, names in ordered)
+
+
+def xla_fusion_plan(captured: HloModule, compiled: HloModule) -> Plan:
+    """XLA's fusion over the captured module, one all-reduce per gradient."""
+    unfused = Plan.unfused(captured)
+    return Plan(
+        module_name=unfused.module_name,
+        fingerprint=unfused.fingerprint,
+        fusion_groups=xla_fusion_groups(captured, compiled),
+        all_reduce_buckets=unfused.all_reduce_buckets,
+    )

@@ -1,0 +1,147 @@
+"""A fused kernel as a small graph of instructions: what the GNN cost model reads.
+
+`kernel_graph(kernel)` turns a `Kernel` (one op-fusion group) into plain arrays:
+one node per instruction (opcode, dtype, dims, FLOPs, bytes) and one edge per
+operand → user pair inside the kernel, weighted by the tensor's bytes. A `fusion`
+instruction (a kernel of a compiled module) is opened up: its fused computation's
+instructions become the nodes, its parameters the kernel's inputs. The profiling
+data set stores these arrays as they are, and the GNN featurises them with a fixed
+vocabulary (`featurize`), so one function serves training and prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from disco_xla.hlo_passes.graph import Instruction
+from disco_xla.simulator.kernels import Kernel
+
+MAX_RANK = 6  # dims beyond this are folded into the last one
+
+# The fixed opcode vocabulary of the GNN; anything else goes to the 'other' bucket.
+OPCODE_VOCABULARY = (
+    "abs add and atan2 bitcast bitcast-convert broadcast cbrt ceil clamp compare "
+    "concatenate constant convert convolution copy cosine divide dot dynamic-slice "
+    "dynamic-update-slice erf exponential exponential-minus-one floor gather iota "
+    "is-finite log log-plus-one logistic maximum minimum multiply negate not or pad "
+    "popcnt power reduce reduce-precision reduce-window remainder reshape reverse "
+    "round-nearest-afz round-nearest-even rsqrt rng-bit-generator scatter select "
+    "select-and-scatter shift-left shift-right-arithmetic shift-right-logical sign sine "
+    "slice sort sqrt subtract tan tanh transpose tuple get-tuple-element xor"
+).split()
+OTHER = "other"
+DTYPE_VOCABULARY = ("pred", "s8", "s16", "s32", "s64", "u8", "u32", "f16", "bf16", "f32", "f64")
+
+
+@dataclass(frozen=True)
+class KernelGraph:
+    """One kernel's instruction graph as raw (unfeaturised) values."""
+
+    opcodes: tuple[str, ...]  # per node
+    dtypes: tuple[str, ...]  # per node, of the (largest) result
+    dims: np.ndarray  # [nodes, MAX_RANK] int64, zero-padded
+    ranks: np.ndarray  # [nodes] int64
+    flops: np.ndarray  # [nodes] float64
+    out_bytes: np.ndarray  # [nodes] float64: the result's size
+    in_bytes: np.ndarray  # [nodes] float64: operands read from outside the kernel
+    is_output: np.ndarray  # [nodes] bool: the result leaves the kernel
+    senders: np.ndarray  # [edges] int64: operand node
+    receivers: np.ndarray  # [edges] int64: user node
+    edge_bytes: np.ndarray  # [edges] float64
+    kernel_flops: float
+    kernel_bytes_in: float
+    kernel_bytes_out: float
+
+    @property
+    def node_count(self) -> int:
+        return len(self.opcodes)
+
+    @property
+    def edge_count(self) -> int:
+        return len(self.senders)
+
+
+def _expanded(instructions: list[Instruction]) -> tuple[list[Instruction], dict[int, object]]:
+    """The kernel's nodes, with each fusion replaced by its fused instructions, and
+    for each fused parameter the fusion operand it stands for."""
+    nodes: list[Instruction] = []
+    stands_for: dict[int, object] = {}
+    for instr in instructions:
+        if instr.opcode == "fusion" and instr.called_computations:
+            body = instr.called_computations[0]
+            for inner in body.topological_order:
+                if inner.opcode == "parameter":
+                    number = inner.proto.parameter_number
+                    if number < len(instr.operands):
+                        stands_for[id(inner)] = instr.operands[number]
+                else:
+                    nodes.append(inner)
+        else:
+            nodes.append(instr)
+    return nodes, stands_for
+
+
+def _dims(instr: Instruction) -> tuple[str, tuple[int, ...]]:
+    leaves = instr.shape.leaves()
+    largest = max(leaves, key=lambda s: s.bytes) if leaves else instr.shape
+    dims = tuple(max(d, 0) for d in largest.dims)
+    if len(dims) > MAX_RANK:
+        dims = dims[: MAX_RANK - 1] + (math.prod(dims[MAX_RANK - 1 :]),)
+    return largest.element_type, dims
+
+
+def kernel_graph(kernel: Kernel) -> KernelGraph:
+    """The instruction graph of `kernel` (see the module docstring)."""
+    nodes, stands_for = _expanded(kernel.instructions)
+    index = {id(n): k for k, n in enumerate(nodes)}
+    outer_members = {id(i) for i in kernel.instructions}
+    count = len(nodes)
+    dims = np.zeros((count, MAX_RANK), np.int64)
+    ranks = np.zeros(count, np.int64)
+    flops = np.zeros(count)
+    out_bytes = np.zeros(count)
+    in_bytes = np.zeros(count)
+    is_output = np.zeros(count, bool)
+    dtypes = []
+    senders, receivers, edge_bytes = [], [], []
+    for k, node in enumerate(nodes):
+        dtype, shape_dims = _dims(node)
+        dtypes.append(dtype)
+        dims[k, : len(shape_dims)] = shape_dims
+        ranks[k] = len(shape_dims)
+        flops[k] = node.flops
+        out_bytes[k] = node.shape.bytes
+        for operand in node.operands:
+            source = stands_for.get(id(operand), operand)
+            if id(source) in index:
+                senders.append(index[id(source)])
+                receivers.append(k)
+                edge_bytes.append(source.shape.bytes)
+            else:
+                in_bytes[k] += source.shape.bytes
+        users = node.users
+        if node.computation.root is node and id(node) not in outer_members:
+            # the root of a fused computation: what the fusion returns
+            fusion_users = [u for c in node.computation.callers for u in c.users]
+            is_output[k] = not fusion_users or any(id(u) not in outer_members for u in fusion_users)
+        else:
+            is_output[k] = not users or any(id(u) not in index for u in users)
+    return KernelGraph(
+        opcodes=tuple(n.opcode for n in nodes),
+        dtypes=tuple(dtypes),
+        dims=dims,
+        ranks=ranks,
+        flops=flops,
+        out_bytes=out_bytes,
+        in_bytes=in_bytes,
+        is_output=is_output,
+        senders=np.array(senders, np.int64),
+        receivers=np.array(receivers, np.int64),
+        edge_bytes=np.array(edge_bytes, np.float64),
+        kernel_flops=float(flops.sum()),
+        kernel_bytes_in=float(kernel.bytes_in),
+        kernel_bytes_out=float(kernel.bytes_out),
+    )

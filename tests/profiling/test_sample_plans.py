@@ -1,0 +1,133 @@
+"""Sampled plans are legal, and every group of a plan gets a measured time."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.plan import Plan, verify_plan
+from disco_xla.profiling.dataset import (
+    SCHEMA,
+    from_samples,
+    load_dataset,
+    load_datasets,
+    save_dataset,
+)
+from disco_xla.profiling.sample_plans import (
+    measure_plan,
+    measure_xla_compiled,
+    random_merge_plan,
+    sample_plans,
+)
+from disco_xla.search.backtracking import greedy_fusion_plan
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def step_module(captured) -> HloModule:
+    return HloModule.from_bytes(captured["jax_pmap_step"][0])
+
+
+@pytest.fixture(scope="module")
+def samples(step_module):
+    """XLA's compile and three sampled plans of the demo step, measured."""
+    measured = measure_xla_compiled(step_module, "demo.tiny", "demo", repeats=3)
+    for kind, plan in sample_plans(step_module, 3, seed=1):
+        measured += measure_plan(step_module, plan, kind, "demo.tiny", "demo", repeats=3)
+    return measured
+
+
+def test_sampled_plans_are_legal_and_include_fusions_beyond_the_bases(step_module):
+    plans = sample_plans(step_module, 6, seed=0)
+    assert [kind for kind, _ in plans[:2]] == ["xla-like", "unfused"]
+    for _, plan in plans:
+        verify_plan(plan, step_module)
+    bases = {frozenset(plans[0][1].fusion_groups), frozenset(plans[1][1].fusion_groups)}
+    new_groups = {g for _, p in plans[2:] for g in p.fusion_groups} - set().union(*bases)
+    assert new_groups, "random merges made no group the two base plans lack"
+
+
+@pytest.mark.parametrize("model", ["gpt2_small", "resnet50"])
+def test_many_random_merges_never_create_a_cycle(model):
+    from disco_xla.zoo import capture_model
+
+    module = capture_model(model, "jax", replicas=4).module
+    for seed in range(3):
+        for base in (greedy_fusion_plan(module), Plan.unfused(module)):
+            plan = random_merge_plan(base, module, 300, random.Random(seed))
+            assert len(plan.fusion_groups) < len(base.fusion_groups)
+            verify_plan(plan, module, source=f"{model} seed {seed}")
+
+
+def test_every_group_of_a_plan_gets_a_positive_time(step_module, samples):
+    kinds = {s.plan_kind for s in samples}
+    assert kinds == {"xla-compiled", "xla-like", "unfused", "random"}
+    assert all(s.time_s > 0 for s in samples)
+    assert any(s.kernel_count > 0 for s in samples)
+    xla_like = [s for s in samples if s.plan_kind == "xla-like"]
+    groups = greedy_fusion_plan(step_module).fusion_groups
+    assert 0 < len(xla_like) <= len(groups)
+    # A fused group is one sample whose graph has all of the group's instructions.
+    largest = max(xla_like, key=lambda s: s.graph.node_count)
+    assert largest.graph.node_count == max(len(g) for g in groups)
+    assert largest.graph.edge_count >= 1
+
+
+def test_the_data_set_round_trips_through_npz(samples, tmp_path):
+    dataset = from_samples(samples)
+    path = str(tmp_path / "kernels.npz")
+    save_dataset(dataset, path)
+    again = load_dataset(path)
+    assert len(again) == len(samples)
+    np.testing.assert_array_equal(again.time_s, dataset.time_s)
+    for index in (0, len(samples) // 2, len(samples) - 1):
+        graph, expected = again.graph(index), samples[index].graph
+        assert graph.opcodes == expected.opcodes
+        np.testing.assert_array_equal(graph.senders, expected.senders)
+        np.testing.assert_array_equal(graph.dims, expected.dims)
+    both = load_datasets([path, path])
+    assert len(both) == 2 * len(samples)
+    assert both.graph(len(samples)).opcodes == dataset.graph(0).opcodes
+
+
+def test_a_data_set_of_another_schema_or_a_corrupt_file_is_refused(samples, tmp_path):
+    other = tmp_path / "other.npz"
+    arrays = {k: getattr(from_samples(samples), k) for k in ("time_s", "node_opcode")}
+    np.savez(other, schema=np.array("disco-xla-kernels/0"), **arrays)
+    with pytest.raises(DiscoInputError, match="schema"):
+        load_dataset(str(other))
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(b"not a zip file")
+    with pytest.raises(DiscoInputError, match="not a kernel data set"):
+        load_dataset(str(corrupt))
+    current = tmp_path / "current.npz"
+    save_dataset(from_samples(samples), str(current))
+    with np.load(current) as data:
+        assert str(data["schema"]) == SCHEMA
+
+
+def test_profile_command_writes_a_data_set(module_files, tmp_path):
+    out = tmp_path / "demo.npz"
+    result = run_cli(
+        "profile", module_files["jax_pmap_step"], "--plans", "2", "--repeats", "2",
+        "--out", str(out), "--json", timeout_s=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    dataset = load_dataset(str(out))
+    assert report["samples"] == len(dataset) > 0
+    assert set(dataset.model.tolist()) == {"jax_pmap_step"}
+    assert set(dataset.plan_kind.tolist()) == {"xla-compiled", "xla-like", "unfused"}
+
+
+def test_profile_command_rejects_a_bad_plan_count(module_files, tmp_path):
+    result = run_cli(
+        "profile", module_files["jax_pmap_step"], "--plans", "0", "--out", str(tmp_path / "x.npz")
+    )
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1

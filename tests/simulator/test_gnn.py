@@ -1,0 +1,197 @@
+"""The GNN kernel cost model: features, a few training steps, save and load,
+unseen opcodes, and the commands' bad-input errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.profiling.dataset import from_samples, save_dataset
+from disco_xla.profiling.sample_plans import measure_plan, measure_xla_compiled, sample_plans
+from disco_xla.profiling.train_cost_model import evaluate, train
+from disco_xla.search.backtracking import greedy_fusion_plan
+from disco_xla.simulator.cost_models import make_cost_model
+from disco_xla.simulator.gnn import (
+    GnnCostModel,
+    NetworkConfig,
+    batch,
+    featurize,
+    save_model,
+    stack_graphs,
+)
+from disco_xla.simulator.kernel_features import KernelGraph, kernel_graph
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import load_profile
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def step_module(captured) -> HloModule:
+    return HloModule.from_bytes(captured["jax_pmap_step"][0])
+
+
+@pytest.fixture(scope="module")
+def dataset(step_module):
+    samples = measure_xla_compiled(step_module, "demo.tiny", "demo", repeats=2)
+    for kind, plan in sample_plans(step_module, 3, seed=0):
+        samples += measure_plan(step_module, plan, kind, "demo.tiny", "demo", repeats=2)
+    return from_samples(samples)
+
+
+@pytest.fixture(scope="module")
+def trained(dataset):
+    # A small network: these tests check the plumbing, not the accuracy.
+    return train(dataset, epochs=3, seed=0, config=NetworkConfig(hidden=16, layers=1))
+
+
+@pytest.fixture(scope="module")
+def dataset_file(dataset, tmp_path_factory):
+    path = tmp_path_factory.mktemp("gnn") / "demo.npz"
+    save_dataset(dataset, str(path))
+    return str(path)
+
+
+def test_features_have_one_row_per_instruction_and_operand_edge(step_module):
+    graph = build_task_graph(step_module, greedy_fusion_plan(step_module))
+    kernels = graph.kernels
+    graphs = [kernel_graph(k) for k in kernels]
+    features = featurize(stack_graphs(graphs))
+    assert len(features) == len(kernels)
+    assert len(features.nodes) == sum(len(k.instructions) for k in kernels)
+    inside_edges = sum(
+        sum(1 for o in i.operands if any(o is m for m in k.instructions))
+        for k in kernels
+        for i in k.instructions
+    )
+    assert len(features.edges) == inside_edges
+    assert np.isfinite(features.nodes).all() and np.isfinite(features.globals).all()
+
+
+def test_padding_uses_few_power_of_two_sizes(dataset):
+    features = featurize(dataset)
+    shapes = set()
+    for stop in range(1, min(len(features), 200)):
+        padded = batch(features, 0, stop)
+        sizes = (padded.nodes["x"].shape[0], padded.edges.shape[0], padded.n_node.shape[0])
+        assert all(s & (s - 1) == 0 for s in sizes)
+        shapes.add(sizes)
+    assert len(shapes) <= 12
+
+
+def test_training_lowers_the_validation_loss(trained):
+    _, report = trained
+    assert report["steps"] > 0
+    assert report["best_validation_loss"] < report["initial_validation_loss"]
+
+
+def test_the_model_predicts_every_kernel_of_a_task_graph_and_caches_them(trained, step_module):
+    model, _ = trained
+    graph = build_task_graph(step_module, greedy_fusion_plan(step_module))
+    times = model.kernels_s(graph)
+    assert len(times) == len(graph.kernels)
+    assert all(np.isfinite(t) and t > 0 for t in times)
+    distinct = {k.structural_hash for k in graph.kernels}
+    assert len(model.cache) == len(distinct)
+    assert model.kernel_s(graph.kernels[0]) == times[0]
+    assert len(model.cache) == len(distinct)
+
+
+def test_a_saved_model_loads_and_predicts_the_same(trained, dataset, tmp_path):
+    model, report = trained
+    save_model(str(tmp_path), model.params, model.config, model.target_mean, model.target_std, {})
+    again = GnnCostModel.load(tmp_path)
+    features = featurize(dataset)
+    np.testing.assert_allclose(
+        again.predict_features(features), model.predict_features(features), rtol=1e-5
+    )
+    figures = evaluate(again, dataset, load_profile("cpu-local"))
+    assert set(figures["gnn"]) == set(figures["roofline"]) == {"mape", "median_ape", "kendall_tau"}
+
+
+def test_an_unseen_opcode_still_predicts_and_warns_once(trained, caplog):
+    model, _ = trained
+    strange = KernelGraph(
+        opcodes=("never-seen-op", "add"),
+        dtypes=("f32", "f32"),
+        dims=np.array([[64, 64, 0, 0, 0, 0], [64, 64, 0, 0, 0, 0]]),
+        ranks=np.array([2, 2]),
+        flops=np.array([0.0, 4096.0]),
+        out_bytes=np.array([16384.0, 16384.0]),
+        in_bytes=np.array([16384.0, 0.0]),
+        is_output=np.array([False, True]),
+        senders=np.array([0]),
+        receivers=np.array([1]),
+        edge_bytes=np.array([16384.0]),
+        kernel_flops=4096.0,
+        kernel_bytes_in=16384.0,
+        kernel_bytes_out=16384.0,
+    )
+    with caplog.at_level(logging.WARNING, logger="disco_xla.simulator.gnn"):
+        first = model.predict_graphs([strange])
+        second = model.predict_graphs([strange, strange])
+    assert np.isfinite(first).all() and first[0] > 0
+    np.testing.assert_allclose(second, first[0], rtol=1e-5)
+    warnings = [r for r in caplog.records if "never-seen-op" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_missing_or_corrupt_model_directory_is_bad_input(tmp_path):
+    with pytest.raises(DiscoInputError, match="not a GNN cost model"):
+        GnnCostModel.load(tmp_path / "absent")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(DiscoInputError, match="corrupt"):
+        GnnCostModel.load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"schema": "disco-xla-gnn/0"}))
+    with pytest.raises(DiscoInputError, match="schema"):
+        GnnCostModel.load(tmp_path)
+    with pytest.raises(DiscoInputError):
+        make_cost_model("gnn", load_profile("cpu-local"), gnn_model=str(tmp_path))
+
+
+def test_train_and_eval_commands(dataset_file, tmp_path):
+    model_dir = tmp_path / "model"
+    trained = run_cli(
+        "train-cost-model", dataset_file, "--out", str(model_dir), "--epochs", "1", "--json",
+        timeout_s=300,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads(trained.stdout)["epochs"] == 1
+    result = run_cli("eval-cost-model", dataset_file, "--model", str(model_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["samples"] > 0
+    for name in ("gnn", "roofline"):
+        assert set(report[name]) >= {"mape", "median_ape", "kendall_tau"}
+        assert report[name]["mape"] >= 0
+
+
+def test_eval_command_errors_are_one_line_with_exit_code_2(dataset_file, tmp_path):
+    other_schema = tmp_path / "old.npz"
+    np.savez(other_schema, schema=np.array("disco-xla-kernels/0"))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("[]")
+    cases = [
+        ("eval-cost-model", dataset_file, "--model", str(tmp_path / "absent")),
+        ("eval-cost-model", dataset_file, "--model", str(tmp_path / "broken")),
+        ("train-cost-model", str(other_schema), "--out", str(tmp_path / "m")),
+    ]
+    for args in cases:
+        result = run_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_uses_the_shipped_weights(module_files):
+    result = run_cli(
+        "simulate", module_files["jax_pmap_step"], "--cluster", "cpu-local",
+        "--cost-model", "gnn", "--plan", "none", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["cost_model"] == "gnn"
+    assert summary["compute_s"] > 0
