@@ -16,8 +16,10 @@ from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.hlo_passes.hlo_io import load_module, save_module
 from disco_xla.plan import Plan
 from disco_xla.search import optimize
+from disco_xla.wrapped_step import DiscoFallbackWarning
 
 __all__ = [
+    "DiscoFallbackWarning",
     "DiscoInputError",
     "HloModule",
     "Plan",

@@ -31,12 +31,9 @@ import jax
 import numpy as np
 
 from disco_xla.planning import OptimizeSettings
+from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep
 
 _prepared_steps = itertools.count()  # the same on every rank of an SPMD script
-
-
-class DiscoFallbackWarning(RuntimeWarning):
-    """disco-xla runs the original program, for the reason given."""
 
 
 @dataclass
@@ -49,28 +46,15 @@ class _Compiled:
     timing: tuple[float, float] | None = None  # (original, rewritten) median seconds per step
 
 
-class OptimizedFunction:
+class OptimizedFunction(WrappedStep):
     """A jitted or pmapped step that runs disco-xla's rewritten program when it
     can and the original otherwise. Call it like the original; `lower` and other
     attributes are the original's. `status()` says what each signature runs."""
 
     def __init__(self, lowerable: Any, settings: OptimizeSettings, static: tuple = ((), ())):
-        self._original = lowerable
-        self._settings = settings
+        super().__init__(lowerable, settings)
         self._static_positions, self._static_names = static
-        self._by_signature: dict[Any, _Compiled] = {}
         self._warned: set[str] = set()
-        functools.update_wrapper(self, lowerable, updated=())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._original, name)
-
-    def status(self) -> list[str]:
-        """What each signature seen so far runs, in the order they were seen."""
-        return [compiled.status for compiled in self._by_signature.values()]
-
-    def plans(self) -> list:
-        return [c.plan for c in self._by_signature.values() if c.plan is not None]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:

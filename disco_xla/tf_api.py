@@ -52,8 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from disco_xla.jax_api import DiscoFallbackWarning
 from disco_xla.planning import OptimizeSettings
+from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep
 
 __all__ = ["DiscoFallbackWarning", "TfFunction", "tf_function"]
 
@@ -89,28 +89,15 @@ class _Signature:
     comparison: Any = None
 
 
-class TfFunction:
+class TfFunction(WrappedStep):
     """A TF training step that runs disco-xla's rewritten program when it can and
     the original `tf.function` otherwise. Call it like the original; other
     attributes are the original's. `status()` says what each input signature
     runs; `last_used` says what the latest call ran ('optimized' or 'original')."""
 
     def __init__(self, function: Any, settings: OptimizeSettings):
-        self._original = function
-        self._settings = settings
-        self._by_signature: dict[Any, _Signature] = {}
+        super().__init__(function, settings)
         self.last_used = ""
-        functools.update_wrapper(self, function, updated=())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._original, name)
-
-    def status(self) -> list[str]:
-        """What each signature seen so far runs, in the order they were seen."""
-        return [signature.status for signature in self._by_signature.values()]
-
-    def plans(self) -> list:
-        return [s.plan for s in self._by_signature.values() if s.plan is not None]
 
     def comparisons(self) -> list:
         """The first-call comparison (`OutputComparison`) of each checked signature."""
