@@ -9,11 +9,11 @@ BAZEL_OFFLINE := $(foreach repo,rules_cc rules_java remote_coverage_tools,\
 
 .PHONY: demo test lint pytest bazel-check clean
 
-$(INSTALLED): requirements.txt setup.py disco_xla_hook.pth
+$(INSTALLED): requirements.txt setup.py zz_disco_xla_hook.pth
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	cp disco_xla_hook.pth "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+	cp zz_disco_xla_hook.pth "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 	touch $(INSTALLED)
 
 demo: $(INSTALLED)

@@ -10,7 +10,7 @@ functions: a step whose module reduces gradients across devices runs the
 optimised program; every other function runs as JAX would run it.
 
 The hook is installed by `import disco_xla`, and at interpreter start-up by the
-`disco_xla_hook.pth` file that installing the package puts in site-packages; the
+`zz_disco_xla_hook.pth` file that installing the package puts in site-packages; the
 `.pth` line does nothing (imports nothing) unless `DISCO_XLA_FLAGS` is set. So a
 script needs no change: only the variable. A functions bound before the hook
 runs (`from jax import jit` in a module imported earlier) is not replaced.

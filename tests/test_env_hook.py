@@ -62,19 +62,18 @@ _UNMODIFIED_SCRIPT = """
     import sys
     import jax
     import numpy as np
-    jax.config.update("jax_num_cpu_devices", 2)
-    from disco_xla.zoo.jax_steps import build_jax_step  # uses jax.pmap, as a user script would
+    jax.config.update("jax_num_cpu_devices", 4)
+    from disco_xla.demo import build_step  # calls jax.pmap, as a user script would
 
-    step = build_jax_step("transformer_base", "tiny", replicas=2, global_batch=4)
-    outputs = step.fn(*step.args)
-    outputs = step.fn(*step.args)
+    step, args, _ = build_step()
+    outputs = step(*args)
+    outputs = step(*args)
     sine = jax.jit(jax.numpy.sin)
     sine(1.0)
     def first_words(function):  # 'optimized (buckets only ...)' -> 'optimized'
         return [s.split(" (")[0] for s in getattr(function, "status", lambda: ["plain jax"])()]
-    print("STATUS", first_words(step.fn), first_words(sine))
-    np.savez(sys.argv[-1] if len(sys.argv) > 1 else "{out}",
-             *[np.asarray(x) for x in jax.tree_util.tree_leaves(outputs)])
+    print("STATUS", first_words(step), first_words(sine))
+    np.savez("{out}", *[np.asarray(x) for x in jax.tree_util.tree_leaves(outputs)])
 """
 
 
