@@ -25,23 +25,23 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from disco_xla.planning import OptimizeSettings
 
 ENVIRONMENT_VARIABLE = "DISCO_XLA_FLAGS"
 EXIT_BAD_INPUT = 2
 
 
 @dataclass(frozen=True)
-class HookFlags:
-    enable: bool
-    cluster: str
-    budget_s: float
-    max_evaluations: int
-    seed: int
-    cost_model: str
-    cache_dir: str | None
-    use_cache: bool
-    check_speed: bool
+class HookFlags(OptimizeSettings):
+    """The search settings the flags give, and whether the hook is on."""
+
+    enable: bool = False
+
+    def settings(self) -> OptimizeSettings:
+        """The settings alone (`enable` is not part of what decides a plan)."""
+        return OptimizeSettings(**{f.name: getattr(self, f.name) for f in fields(OptimizeSettings)})
 
 
 def _flag_values():
@@ -137,18 +137,8 @@ def _replace_jax_transforms(hook_flags: HookFlags) -> None:
     import jax
 
     from disco_xla.jax_api import wrap
-    from disco_xla.planning import OptimizeSettings
 
-    settings = OptimizeSettings(
-        cluster=hook_flags.cluster,
-        budget_s=hook_flags.budget_s,
-        max_evaluations=hook_flags.max_evaluations,
-        seed=hook_flags.seed,
-        cost_model=hook_flags.cost_model,
-        cache_dir=hook_flags.cache_dir,
-        use_cache=hook_flags.use_cache,
-        check_speed=hook_flags.check_speed,
-    )
+    settings = hook_flags.settings()
 
     def replacement(transform: str, original):
         @functools.wraps(original)

@@ -385,7 +385,7 @@ def jit(
     (`jax.pmap(step, axis_name=...)`, `jax.jit(shard_map(...))`), in which case no
     jit keyword arguments are taken. Usable as `@disco_xla.jit` or
     `@disco_xla.jit(cluster=...)`."""
-    settings = OptimizeSettings(
+    settings_arguments = dict(
         cluster=cluster,
         budget_s=budget_s,
         max_evaluations=max_evaluations,
@@ -396,18 +396,8 @@ def jit(
         check_speed=check_speed,
     )
     if fn is None:
-        return functools.partial(
-            jit,
-            cluster=cluster,
-            budget_s=budget_s,
-            max_evaluations=max_evaluations,
-            seed=seed,
-            cost_model=cost_model,
-            cache_dir=cache_dir,
-            use_cache=use_cache,
-            check_speed=check_speed,
-            **jit_kwargs,
-        )
+        return functools.partial(jit, **settings_arguments, **jit_kwargs)
+    settings = OptimizeSettings(**settings_arguments)
     return wrap(fn, settings, "jit", jit_kwargs)
 
 

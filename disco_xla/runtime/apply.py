@@ -84,7 +84,7 @@ def _expected_all_reduce_bytes(module: HloModule, plan: Plan) -> list[int]:
     merge duplicates there), with each bucket of several gradients in place of
     its members."""
     by_name = {i.name: i for i in module.instructions()}
-    sizes = Counter(_compiled_all_reduce_bytes(module))
+    sizes = Counter(a.bytes for a in compile_module(module, NO_COMBINER).all_reduces)
     for bucket in plan.all_reduce_buckets:
         if len(bucket) < 2:
             continue
@@ -94,18 +94,6 @@ def _expected_all_reduce_bytes(module: HloModule, plan: Plan) -> list[int]:
                 sizes[size] -= 1
         sizes[sum(members)] += 1
     return sorted(sizes.elements())
-
-
-_compiled_sizes: dict[str, tuple[int, ...]] = {}
-
-
-def _compiled_all_reduce_bytes(module: HloModule) -> tuple[int, ...]:
-    """All-reduce sizes of `module` as XLA compiles it, combiner off; remembered
-    by fingerprint (a plan may be applied twice: whole, then buckets only)."""
-    if module.fingerprint not in _compiled_sizes:
-        compiled = compile_module(module, NO_COMBINER)
-        _compiled_sizes[module.fingerprint] = tuple(a.bytes for a in compiled.all_reduces)
-    return _compiled_sizes[module.fingerprint]
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,22 @@ from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.hlo_passes.hlo_schema import OpSharding
 from disco_xla.hlo_passes.shapes import Shape
 
+_RECENT_COMPILES = 4
+_recent_compiles: dict[tuple, HloModule] = {}
+
 
 def compile_module(module: HloModule, disabled_passes: Sequence[str] = ()) -> HloModule:
     """The module as XLA:CPU compiles it for its own device counts (partitions
-    from pmap or shard_map, or replicas), with `disabled_passes` off."""
-    return program_for(module, disabled_passes=disabled_passes).compiled_module()
+    from pmap or shard_map, or replicas), with `disabled_passes` off. The last few
+    are remembered by fingerprint: a first call compiles the unchanged step for
+    the search's baselines and again for the rewrite's all-reduce check."""
+    key = (module.fingerprint, tuple(disabled_passes))
+    if key not in _recent_compiles:
+        if len(_recent_compiles) >= _RECENT_COMPILES:
+            del _recent_compiles[next(iter(_recent_compiles))]
+        program = program_for(module, disabled_passes=disabled_passes)
+        _recent_compiles[key] = program.compiled_module()
+    return _recent_compiles[key]
 
 
 def devices_needed(module: HloModule) -> int:
