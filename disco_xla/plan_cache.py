@@ -5,12 +5,15 @@ training script pays for the search once per model and machine. The cache lives
 in `~/.cache/disco_xla/plans.sqlite` (or `$XDG_CACHE_HOME/disco_xla`, or a
 directory the caller names). Several processes may read and write it at once:
 sqlite's own locking serialises the writers, and the write-ahead log lets readers
-go on meanwhile. A cache that cannot be read is never fatal: it only costs a
-search.
+go on meanwhile. Switching a new file to the write-ahead log is the one step that
+sqlite does not wait for (it fails at once with "database is locked" when another
+process is doing the same), so creating the file is serialised by a lock file
+beside it. A cache that cannot be read is never fatal: it only costs a search.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -45,16 +48,33 @@ class PlanCache:
     def __init__(self, directory: str | os.PathLike | None = None):
         self.directory = Path(directory) if directory else default_cache_dir()
         self.path = self.directory / "plans.sqlite"
+        self._created = False
+
+    def _create(self) -> None:
+        """Make the file a write-ahead-log database with the plans table, once,
+        holding an exclusive lock on `plans.lock` so that no two processes do it
+        at the same time. The journal mode is stored in the file, so every later
+        connection uses it without asking."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.directory / "plans.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            connection = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S)
+            try:
+                if connection.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    connection.execute("PRAGMA journal_mode=WAL")
+                connection.execute(
+                    "CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, plan TEXT NOT NULL, "
+                    "module TEXT NOT NULL, created REAL NOT NULL DEFAULT (julianday('now')))"
+                )
+                connection.commit()
+            finally:
+                connection.close()
+        self._created = True
 
     def _connect(self) -> sqlite3.Connection:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute(
-            "CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, plan TEXT NOT NULL, "
-            "module TEXT NOT NULL, created REAL NOT NULL DEFAULT (julianday('now')))"
-        )
-        return connection
+        if not self._created:
+            self._create()
+        return sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S)
 
     def get(self, key: str) -> Plan | None:
         """The cached plan, or None if there is none (or the cache is unreadable)."""
@@ -64,7 +84,7 @@ class PlanCache:
                 row = connection.execute("SELECT plan FROM plans WHERE key = ?", (key,)).fetchone()
             finally:
                 connection.close()
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):
             return None
         if row is None:
             return None
@@ -85,7 +105,7 @@ class PlanCache:
                     )
             finally:
                 connection.close()
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):
             return False
         return True
 
@@ -96,5 +116,5 @@ class PlanCache:
                 return connection.execute("SELECT COUNT(*) FROM plans").fetchone()[0]
             finally:
                 connection.close()
-        except sqlite3.Error:
+        except (sqlite3.Error, OSError):
             return 0

@@ -33,7 +33,8 @@ def test_the_key_changes_with_the_module_the_profile_and_the_options():
     assert base != cache_key("a" * 64, cpu, {"seed": 1, "alpha": 1.05})
 
 
-def _writer(directory: str, first: int, count: int) -> None:
+def _writer(directory: str, first: int, count: int, start) -> None:
+    start.wait()  # all writers open the new file at once: the race that creating it must survive
     cache = PlanCache(directory)
     for index in range(first, first + count):
         assert cache.put(f"key{index}", _plan(index))
@@ -42,15 +43,18 @@ def _writer(directory: str, first: int, count: int) -> None:
 
 def test_concurrent_processes_write_without_losing_plans(tmp_path):
     context = multiprocessing.get_context("spawn")
-    writers = [context.Process(target=_writer, args=(str(tmp_path), 100 * n, 25)) for n in range(4)]
+    start = context.Barrier(8)
+    writers = [
+        context.Process(target=_writer, args=(str(tmp_path), 100 * n, 25, start)) for n in range(8)
+    ]
     for writer in writers:
         writer.start()
     for writer in writers:
         writer.join(timeout=120)
         assert writer.exitcode == 0
     cache = PlanCache(tmp_path)
-    assert len(cache) == 100
-    assert all(cache.get(f"key{100 * n + 24}") == _plan(100 * n + 24) for n in range(4))
+    assert len(cache) == 200
+    assert all(cache.get(f"key{100 * n + 24}") == _plan(100 * n + 24) for n in range(8))
 
 
 @pytest.mark.parametrize("content", [b"", b"not a database at all" * 100])
