@@ -173,16 +173,19 @@ def _predictions(lowered, plan, cluster: str, cost_model_name: str) -> dict:
     profile = load_profile(cluster)
     cost_model = make_cost_model(cost_model_name, profile, None)
     baselines = captured_baselines(module, compile_module(module, NO_COMBINER), profile, cost_model)
-    plans = {"xla": baselines["xla"].plan, "xla-nocombine": baselines["xla-nocombine"].plan}
+    plans = {
+        name: (baselines[name].plan, baselines[name].tuple_buckets)
+        for name in ("xla", "xla-nocombine")
+    }
     if plan is not None:
-        plans["disco"] = plan
+        plans["disco"] = (plan, False)
 
-    def run(chosen, ideal=None):
-        graph = build_task_graph(module, chosen)
+    def run(chosen, tuple_buckets, ideal=None):
+        graph = build_task_graph(module, chosen, tuple_buckets)
         return simulate(graph, profile, cost_model, ideal_compute_s=ideal)
 
-    compute_s = run(plans["xla-nocombine"]).compute_s
-    results = {name: run(chosen, compute_s) for name, chosen in plans.items()}
+    compute_s = run(*plans["xla-nocombine"]).compute_s
+    results = {name: run(*chosen, compute_s) for name, chosen in plans.items()}
     return {
         "profile": profile.name,
         "workers": profile.workers,

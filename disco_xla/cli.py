@@ -135,17 +135,20 @@ def _calibrate(args: argparse.Namespace) -> int:
     with tqdm(total=len(sizes) + 1, disable=quiet, desc="calibrating", leave=False) as bar:
         if args.processes:
             runtime = "multi-process jax.distributed, gloo on loopback"
-            measured = calibrate.measure_multi_process(args.processes, sizes, args.repeats)
+            measured, tuple_element_s = calibrate.measure_multi_process(
+                args.processes, sizes, args.repeats
+            )
             bar.update(len(sizes))
         else:
             runtime = "one process, N CPU devices"
             measured = calibrate.measure_in_process(
                 workers, sizes, args.repeats, lambda: bar.update(1)
             )
+            tuple_element_s = calibrate.measure_tuple_element_in_process(workers, args.repeats)
         flops, bandwidth = calibrate.measure_device()
         bar.update(1)
     fit = calibrate.fit_ring_model(measured, workers)
-    profile = calibrate.cpu_profile(fit, workers, runtime, flops, bandwidth)
+    profile = calibrate.cpu_profile(fit, workers, runtime, flops, bandwidth, tuple_element_s)
     try:
         with open(args.output, "w") as file:
             file.write(
@@ -163,6 +166,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "points": fit.points,
         "peak_flops_f32": flops,
         "memory_bandwidth_bytes_per_s": bandwidth,
+        "tuple_all_reduce_element_s": tuple_element_s,
         "profile": args.output,
     }
     if args.json:
@@ -176,6 +180,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                 f"  {point['bytes']:>11,} B  measured {point['measured_s'] * 1e3:9.3f} ms  "
                 f"fitted {point['fitted_s'] * 1e3:9.3f} ms  ({point['relative_residual']:+.0%})"
             )
+        print(f"  each tensor of a tuple all-reduce adds {tuple_element_s * 1e6:.1f} us")
         print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
         print(f"wrote {args.output}")
     return 0
@@ -213,7 +218,9 @@ def _simulate(args: argparse.Namespace) -> int:
             cost_model,
         )
         module, plan, note = chosen.module, chosen.plan, chosen.note
+        tuple_buckets = chosen.tuple_buckets
     else:
+        tuple_buckets = False
         try:
             with open(args.plan) as file:
                 text = file.read()
@@ -221,7 +228,7 @@ def _simulate(args: argparse.Namespace) -> int:
             raise DiscoInputError(args.plan, f"cannot read the plan ({error.strerror})") from None
         plan = Plan.from_json(text, args.plan)
     verify_plan(plan, module, source=args.plan)
-    result = simulate(build_task_graph(module, plan), profile, cost_model)
+    result = simulate(build_task_graph(module, plan, tuple_buckets), profile, cost_model)
     summary = {"plan": args.plan, "plan_note": note, "cluster": profile.name, **result.summary()}
     if isinstance(cost_model, TableCostModel):
         summary["table_misses"] = cost_model.misses
@@ -406,11 +413,12 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from disco_xla.runtime.launch import launch
+    from disco_xla.runtime.launch import launch, launch_horovod
 
     if args.timeout_s is not None and args.timeout_s <= 0:
         raise DiscoInputError("launch", "--timeout-s must be positive")
-    return launch(args.script, args.arguments, args.processes, args.timeout_s)
+    run = launch_horovod if args.engine == "horovod" else launch
+    return run(args.script, args.arguments, args.processes, args.timeout_s)
 
 
 def _module_and_model_names(path: str) -> tuple[str, str]:
@@ -650,6 +658,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     launch.add_argument("-n", "--processes", type=int, required=True, help="processes (ranks)")
     launch.add_argument("--timeout-s", type=float, help="stop every rank after this long")
+    launch.add_argument(
+        "--engine",
+        choices=["jax", "horovod"],
+        default="jax",
+        help="jax.distributed ranks, or horovodrun (gloo) from .venv-horovod",
+    )
     launch.add_argument("script", help="a Python script; it runs unchanged on every rank")
     launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's arguments")
     launch.set_defaults(run=_launch)

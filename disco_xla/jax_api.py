@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +30,8 @@ import jax
 import numpy as np
 
 from disco_xla.planning import OptimizeSettings
-from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep
+from disco_xla.timing import paired_median_seconds
+from disco_xla.wrapped_step import TIMING_ROUNDS, DiscoFallbackWarning, WrappedStep, slower_status
 
 _prepared_steps = itertools.count()  # the same on every rank of an SPMD script
 
@@ -182,7 +182,7 @@ class OptimizedFunction(WrappedStep):
 
     def _unless_slower(self, compiled: _Compiled, trial, args, kwargs, leaves) -> _Compiled:
         """Time the chosen program against the original, called as the user calls
-        them (paired, alternating rounds; summed over the ranks, so all decide
+        them (paired, alternating rounds; averaged over the ranks, so all decide
         alike), and keep the original if ours is not faster. Skipped when the
         original consumed (donated) its arguments."""
         from disco_xla.runtime.agreement import gather
@@ -192,34 +192,19 @@ class OptimizedFunction(WrappedStep):
         if any(getattr(leaf, "is_deleted", lambda: False)() for leaf in leaves):
             return compiled
         rewritten = [leaves[i] for i in compiled.kept]
-        seconds = {"original": [], "rewritten": []}
-        calls = {
-            "original": lambda: self._original(*args, **kwargs),
-            "rewritten": lambda: compiled.run(rewritten),
-        }
-        for round_index in range(TIMING_ROUNDS):
-            order = ("original", "rewritten") if round_index % 2 else ("rewritten", "original")
-            for name in order:
-                started = time.perf_counter()
-                jax.block_until_ready(calls[name]())
-                seconds[name].append(time.perf_counter() - started)
-        local = {name: float(np.median(values)) for name, values in seconds.items()}
-        answers = gather(
-            f"step{trial.step}/timing", f"{local['original']},{local['rewritten']}", trial.wait_s
+        local = paired_median_seconds(
+            lambda: jax.block_until_ready(self._original(*args, **kwargs)),
+            lambda: jax.block_until_ready(compiled.run(rewritten)),
+            TIMING_ROUNDS,
         )
-        original_s = sum(float(a.split(",")[0]) for a in answers)
-        rewritten_s = sum(float(a.split(",")[1]) for a in answers)
-        compiled.timing = (original_s / len(answers), rewritten_s / len(answers))
-        if rewritten_s >= original_s:
-            compiled.run = None
-            compiled.status = (
-                f"original: faster here ({original_s / len(answers) * 1e3:.3f} ms per step "
-                f"against {rewritten_s / len(answers) * 1e3:.3f} ms for {compiled.status})"
-            )
+        answers = gather(f"step{trial.step}/timing", f"{local[0]},{local[1]}", trial.wait_s)
+        original_s = sum(float(a.split(",")[0]) for a in answers) / len(answers)
+        rewritten_s = sum(float(a.split(",")[1]) for a in answers) / len(answers)
+        compiled.timing = (original_s, rewritten_s)
+        status = slower_status(original_s, rewritten_s, compiled.status)
+        if status is not None:
+            compiled.run, compiled.status = None, status
         return compiled
-
-
-TIMING_ROUNDS = 6  # paired rounds of the first-call speed check
 
 
 class _Trial:

@@ -269,25 +269,52 @@ def _check_buckets(plan, module, by_name, source) -> None:
         raise DiscoInputError(
             source, f"{len(missing)} gradient all-reduces are in no bucket, e.g. {missing[0]!r}"
         )
-    # Which buckets each instruction depends on, as a bitset, in topological order.
+    # Each gradient after the gradients whose all-reduced values it is computed from.
+    for name, earlier in gradient_dependencies(module).items():
+        own = bucket_of[name]
+        later = [bucket_of[e] for e in earlier if bucket_of[e] >= own]
+        if own in later:
+            raise DiscoInputError(
+                source, f"bucket {own} depends on its own result (through {name!r})"
+            )
+        if later:
+            raise DiscoInputError(
+                source, f"bucket {own} depends on bucket {min(later)}, which comes after it"
+            )
+
+
+def gradient_dependencies(module: HloModule) -> dict[str, frozenset[str]]:
+    """For each gradient all-reduce that reads, through its operands, the result
+    of other gradient all-reduces: their names (instruction-level dependencies, the
+    ones `verify_plan` checks). Most steps have none: then the dict is empty."""
+    gradients = [a.name for a in module.gradient_all_reduces]
+    bit = {name: 1 << number for number, name in enumerate(gradients)}
+    found: dict[str, frozenset[str]] = {}
     depends: dict[int, int] = {}
     for computation in module.computations:
         for instr in computation.topological_order:
             mask = 0
             for dep in instr.operands + instr.control_predecessors:
                 mask |= depends.get(id(dep), 0)
-            own = bucket_of.get(instr.name)
+            own = bit.get(instr.name)
             if own is not None:
-                if mask >> own & 1:
-                    raise DiscoInputError(
-                        source, f"bucket {own} depends on its own result (through {instr.name!r})"
-                    )
-                later = mask >> (own + 1)
-                if later:
-                    first_later = own + (later & -later).bit_length()
-                    raise DiscoInputError(
-                        source,
-                        f"bucket {own} depends on bucket {first_later}, which comes after it",
-                    )
-                mask |= 1 << own
+                if mask:
+                    found[instr.name] = frozenset(name for name in gradients if mask & bit[name])
+                mask |= own
             depends[id(instr)] = mask
+    return found
+
+
+def buckets_follow_dependencies(
+    buckets: tuple[tuple[str, ...], ...], dependencies: dict[str, frozenset[str]]
+) -> bool:
+    """Whether every gradient's bucket comes after the buckets of the gradients it
+    depends on (`gradient_dependencies`): the rule `verify_plan` enforces."""
+    if not dependencies:
+        return True
+    bucket_of = {name: number for number, bucket in enumerate(buckets) for name in bucket}
+    return all(
+        bucket_of[before] < bucket_of[name]
+        for name, earlier in dependencies.items()
+        for before in earlier
+    )

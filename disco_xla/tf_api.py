@@ -13,6 +13,15 @@ otherwise, or if anything at all fails on our side, the original runs, with one
 call returns the original's result, so training never depends on an unchecked
 program. Called inside another `tf.function`'s trace, the original runs.
 
+With `check_speed` (the default), a rewritten program that passed the check is
+then timed against the original, both called as the user calls them (after one
+untimed call that compiles the optimised step; `TIMING_ROUNDS` paired rounds,
+alternating which runs first), and the original is kept, without a warning, if
+it is as fast or faster here (`wrapped_step.slower_status`: the status says
+"original: faster here ..."). The timed calls assign the step's variables like
+any call: their values are saved before and assigned back after, so timing
+trains nothing.
+
 How a step's variables map onto the module (verified on TF 2.21). The module's
 entry parameters are, in parameter-number order, the concrete function's
 `inputs`: the flat tensor arguments (after binding defaults; Python values such
@@ -53,7 +62,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from disco_xla.planning import OptimizeSettings
-from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep
+from disco_xla.timing import paired_median_seconds
+from disco_xla.wrapped_step import TIMING_ROUNDS, DiscoFallbackWarning, WrappedStep, slower_status
 
 __all__ = ["DiscoFallbackWarning", "TfFunction", "tf_function"]
 
@@ -87,6 +97,7 @@ class _Signature:
     step: Any = None  # the optimised tf.function, when status is 'optimized'
     plan: Any = None
     comparison: Any = None
+    timing: tuple[float, float] | None = None  # (original, optimised) median seconds per step
 
 
 class TfFunction(WrappedStep):
@@ -102,6 +113,11 @@ class TfFunction(WrappedStep):
     def comparisons(self) -> list:
         """The first-call comparison (`OutputComparison`) of each checked signature."""
         return [s.comparison for s in self._by_signature.values() if s.comparison is not None]
+
+    def timings(self) -> list[tuple[float, float]]:
+        """(original, optimised) median seconds per step, as the first-call speed
+        check measured them, for each signature it timed."""
+        return [s.timing for s in self._by_signature.values() if s.timing is not None]
 
     def program_hlo(self, *args: Any, **kwargs: Any) -> str:
         """The HLO text, before XLA optimises it, of the program that a call with
@@ -183,12 +199,41 @@ class TfFunction(WrappedStep):
                     )
             except Exception as error:  # noqa: BLE001
                 reason = "could not compare the outputs: " + _one_line(error)
+        if not reason:
+            signature.status, signature.step = "optimized", step
+            try:
+                self._unless_slower(
+                    signature, layout, concrete_function, flat_arguments, args, kwargs
+                )
+            except Exception as error:  # noqa: BLE001 - never break training
+                signature.step = None
+                reason = "the speed check failed: " + _one_line(error)
         if reason:
             signature.status = "original: " + reason
             _warn(self, signature.status)
-        else:
-            signature.status, signature.step = "optimized", step
         return signature, result
+
+    def _unless_slower(
+        self, signature: _Signature, layout, concrete_function, flat_arguments, args, kwargs
+    ) -> None:
+        """Time the optimised step against the original (see the module
+        docstring) and keep the original if ours is not faster. The variables the
+        step assigns get their values back afterwards."""
+        if not self._settings.check_speed:
+            return
+        saved = _updated_variable_values(layout, flat_arguments, concrete_function)
+        try:
+            signature.step(*flat_arguments)  # its compile is not timed
+            signature.timing = paired_median_seconds(
+                lambda: self._original(*args, **kwargs),
+                lambda: signature.step(*flat_arguments),
+                TIMING_ROUNDS,
+            )
+        finally:
+            _assign_variables(layout, flat_arguments, concrete_function, saved)
+        status = slower_status(*signature.timing, signature.status)
+        if status is not None:
+            signature.status, signature.step = status, None
 
     def _capture(self, args, kwargs):
         """The step's module for these arguments. Defaults are bound first:
@@ -347,6 +392,26 @@ def _optimized_step(program, layout: StepLayout, concrete_function):
     return tf.function(step, autograph=False, jit_compile=True)
 
 
+def _updated_variable_values(layout: StepLayout, flat_arguments, concrete_function) -> list:
+    """The current values of the variables the step assigns (snapshots)."""
+    captured = list(concrete_function.captured_inputs)
+    values = []
+    for update in layout.updates:
+        handle = _handle(layout.sources[update.parameter_number], flat_arguments, captured)
+        values.append(_read_variable(handle, layout.parameter_dtypes[update.parameter_number]))
+    return values
+
+
+def _assign_variables(layout: StepLayout, flat_arguments, concrete_function, values) -> None:
+    """Give the variables the step assigns the `values` read earlier."""
+    import tensorflow as tf
+
+    captured = list(concrete_function.captured_inputs)
+    for update, value in zip(layout.updates, values, strict=True):
+        handle = _handle(layout.sources[update.parameter_number], flat_arguments, captured)
+        tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+
+
 def _original_outputs(result, layout: StepLayout, flat_arguments, concrete_function) -> list:
     """What to compare with the module's results: the original's flat outputs,
     then the new values of the variables it assigned."""
@@ -355,11 +420,7 @@ def _original_outputs(result, layout: StepLayout, flat_arguments, concrete_funct
     outputs = [t for t in tf.nest.flatten(result, expand_composites=True) if t is not None]
     if len(outputs) != layout.output_count:
         raise MappingError(f"the original returned {len(outputs)} tensors")
-    captured = list(concrete_function.captured_inputs)
-    for update in layout.updates:
-        source = layout.sources[update.parameter_number]
-        handle = _handle(source, flat_arguments, captured)
-        outputs.append(_read_variable(handle, layout.parameter_dtypes[update.parameter_number]))
+    outputs += _updated_variable_values(layout, flat_arguments, concrete_function)
     return [t.numpy() for t in outputs]
 
 
@@ -401,13 +462,15 @@ def tf_function(
     cost_model: str = "roofline",
     cache_dir: str | None = None,
     use_cache: bool = True,
+    check_speed: bool = True,
     **tf_function_kwargs: Any,
 ) -> Any:
     """Like `tf.function(fn, jit_compile=True, **tf_function_kwargs)`, for a
     training step, with disco-xla's plan for `cluster` applied. `fn` may already
     be a `tf.function` (it must have `jit_compile=True`), in which case no
-    tf.function keyword arguments are taken. Usable as `@disco_xla.tf_function`
-    or `@disco_xla.tf_function(cluster=...)`."""
+    tf.function keyword arguments are taken. With `check_speed` the original is
+    kept where it runs faster (timed on the first call). Usable as
+    `@disco_xla.tf_function` or `@disco_xla.tf_function(cluster=...)`."""
     settings_arguments = dict(
         cluster=cluster,
         budget_s=budget_s,
@@ -416,6 +479,7 @@ def tf_function(
         cost_model=cost_model,
         cache_dir=cache_dir,
         use_cache=use_cache,
+        check_speed=check_speed,
     )
     if fn is None:
         return functools.partial(tf_function, **settings_arguments, **tf_function_kwargs)

@@ -5,7 +5,6 @@ program and match the original, a step that assigns variables trains like plain
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import warnings
 
@@ -17,9 +16,12 @@ import tensorflow as tf
 from disco_xla.jax_api import DiscoFallbackWarning
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.tf_api import tf_function
+from disco_xla.wrapped_step import slower_status
 from disco_xla.zoo.tf_steps import TF_MODELS, build_tf_step
 
-SEARCH = {"max_evaluations": 20, "budget_s": 30.0}
+# The first-call speed check is timing-dependent: off where a test needs the
+# rewritten program to run.
+SEARCH = {"max_evaluations": 20, "budget_s": 30.0, "check_speed": False}
 
 
 @pytest.fixture(scope="module")
@@ -31,24 +33,20 @@ def _flat(result) -> list[np.ndarray]:
     return [t.numpy() for t in tf.nest.flatten(result) if t is not None]
 
 
-# ResNet50 and InceptionV3 take minutes (their rewrite alone: the fusion-boundaries
-# pass is slow on 10k+ instructions), so they run only when asked for.
-SLOW_MODELS = {"resnet50", "inception_v3"}
-RUN_SLOW = os.environ.get("DISCO_XLA_SLOW_TESTS") == "1"
+# In ResNet50 and InceptionV3 some outlined groups round differently from the
+# whole program, as XLA:CPU compiles them: it contracts a multiply and a subtract
+# into one FMA only inside one kernel (batch norm's x - mean), and it calls
+# YNNPACK for a convolution in the entry but not inside a call. Their tiny steps
+# at batch 2 are ill-conditioned (batch norm over two values): moving every input
+# by 1 ulp moves the original's outputs by a relative 49 (ResNet50) and 0.67
+# (InceptionV3), so such differences exceed the equality rule and these may
+# fall back.
+ROUNDING_DIFFERS = {"resnet50", "inception_v3"}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.skipif(
-                name in SLOW_MODELS and not RUN_SLOW, reason="slow: set DISCO_XLA_SLOW_TESTS=1"
-            ),
-        )
-        for name in TF_MODELS
-    ],
-)
+# InceptionV3's first call takes 75-100 s here, most of it in XLA compiles (TF's
+# own of the step, ours of the rewritten program, the search's XLA baseline).
+@pytest.mark.parametrize("name", TF_MODELS)
 def test_zoo_step_matches_the_original_and_runs_the_rewritten_program(name, cache_dir):
     step = build_tf_step(name, "tiny", batch=2)
     optimized = tf_function(step.fn, cache_dir=cache_dir, **SEARCH)
@@ -63,11 +61,12 @@ def test_zoo_step_matches_the_original_and_runs_the_rewritten_program(name, cach
     # read: the same inputs must give the same outputs, whichever program runs.
     assert type(second) is type(first) and len(second) == len(first)
     assert compare_outputs(_flat(first), _flat(second)).equal
-    if name in SLOW_MODELS and fallbacks:
+    if name in ROUNDING_DIFFERS and fallbacks:
         # Never break training: a rewritten program that XLA gets wrong is caught
         # by the first-call check, and the original runs, with one warning.
         (status,) = optimized.status()
-        assert len(fallbacks) == 1 and status.startswith("original: ")
+        assert len(fallbacks) == 1
+        assert status.startswith("original: the rewritten program's outputs differ")
         assert optimized.last_used == "original"
         return
     assert not fallbacks, [str(w.message) for w in fallbacks]
@@ -119,11 +118,13 @@ def _batches(count: int):
     ]
 
 
-def test_variable_updating_step_trains_like_tf_function(cache_dir):
+def _train_beside_plain_tf_function(settings: dict):
+    """Three steps of the same trainer under plain `tf.function` and under ours:
+    ours, what each of its calls ran, and its trained variables against plain's."""
     plain_model, plain_optimizer, plain_step = _keras_trainer(seed=3)
     model, optimizer, step = _keras_trainer(seed=3)
     plain = tf.function(plain_step, jit_compile=True)
-    optimized = tf_function(step, cache_dir=cache_dir, **SEARCH)
+    optimized = tf_function(step, **settings)
     used = []
     with warnings.catch_warnings():
         warnings.simplefilter("error", DiscoFallbackWarning)
@@ -133,12 +134,32 @@ def test_variable_updating_step_trains_like_tf_function(cache_dir):
             assert set(got) == {"loss", "iteration", "none"} and got["none"] is None
             assert int(got["iteration"]) == int(expected["iteration"])
             assert compare_outputs([expected["loss"].numpy()], [got["loss"].numpy()]).equal
-    assert used == ["original", "optimized", "optimized"]
     assert int(optimizer.iterations) == int(plain_optimizer.iterations) == 3
     trained = [v.numpy() for v in model.trainable_variables + optimizer.variables]
     reference = [v.numpy() for v in plain_model.trainable_variables + plain_optimizer.variables]
-    verdict = compare_outputs(reference, trained)
+    return optimized, used, compare_outputs(reference, trained)
+
+
+def test_variable_updating_step_trains_like_tf_function(cache_dir):
+    optimized, used, verdict = _train_beside_plain_tf_function({"cache_dir": cache_dir, **SEARCH})
+    assert used == ["original", "optimized", "optimized"]
     assert verdict.equal, verdict
+
+
+def test_the_speed_check_keeps_the_faster_program_and_trains_nothing(cache_dir):
+    settings = {"cache_dir": cache_dir, **SEARCH, "check_speed": True}
+    optimized, used, verdict = _train_beside_plain_tf_function(settings)
+    # The timed calls assigned the variables too; they got their values back.
+    assert verdict.equal, verdict
+    (status,) = optimized.status()
+    ((original_s, rewritten_s),) = optimized.timings()
+    assert original_s > 0 and rewritten_s > 0
+    if rewritten_s < original_s:
+        assert status == "optimized"
+        assert used == ["original", "optimized", "optimized"]
+    else:
+        assert status == slower_status(original_s, rewritten_s, "optimized")
+        assert used == ["original"] * 3
 
 
 def _tiny_step():

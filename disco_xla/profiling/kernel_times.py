@@ -33,13 +33,15 @@ def profile_kernel_times(
     import jax
     from jax._src.lib import _profile_data
 
-    run()  # compile caches warm, first-run effects out of the trace
+    # Each run is blocked on: results still in flight when the trace stops are
+    # not in it (seen on jax.distributed runs, where dispatch returns at once).
+    jax.block_until_ready(run())  # compile caches warm, first-run effects out of the trace
     samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as directory:
         jax.profiler.start_trace(directory)
         try:
             for _ in range(repeats):
-                run()
+                jax.block_until_ready(run())
         finally:
             jax.profiler.stop_trace()
         traces = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)

@@ -111,13 +111,15 @@ def resource_updates(module: HloModule) -> list[ResourceUpdate]:
 
 def _copies_as_reshapes(module: HloModule) -> bytes:
     """The module's bytes with every `copy` instruction turned into a `reshape` to
-    its own shape (the module itself is left alone)."""
-    changed = HloModule.from_bytes(module.to_bytes(), module.source)
-    for computation in changed.proto.computations:
+    its own shape (the module itself is left alone; the copy edits the proto
+    alone, without building a graph view of it)."""
+    changed = type(module.proto)()
+    changed.CopyFrom(module.proto)
+    for computation in changed.computations:
         for instruction in computation.instructions:
             if instruction.opcode == "copy":
                 instruction.opcode = "reshape"
-    return changed.to_bytes()
+    return changed.SerializeToString(deterministic=True)
 
 
 class CallModuleProgram:

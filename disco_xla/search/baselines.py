@@ -31,7 +31,7 @@ from disco_xla.plan import Plan, gradient_all_reduces_in_order, verify_plan
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
-from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.kernels import TaskGraph, build_task_graph
 from disco_xla.simulator.profiles import ClusterProfile
 
 MB = 1 << 20
@@ -115,6 +115,13 @@ class Baseline:
     module: HloModule  # the original, or the module XLA compiled
     plan: Plan
     note: str
+    # The buckets are tuple all-reduces, as XLA's combiner makes them, not the
+    # concatenations a plan's buckets become: simulate with
+    # `build_task_graph(module, plan, tuple_buckets=True)`.
+    tuple_buckets: bool = False
+
+    def task_graph(self) -> TaskGraph:
+        return build_task_graph(self.module, self.plan, self.tuple_buckets)
 
 
 def baseline(
@@ -279,5 +286,8 @@ def captured_baselines(
         except DiscoInputError as error:
             plan = xla_fusion
             note = f"{note} is not legal here ({error}); one all-reduce per gradient instead"
-        baselines[name] = Baseline(name, module, plan, f"{fusion_note}, {note}")
+        # XLA:CPU's combiner makes one tuple all-reduce; XLA:GPU's sends each
+        # combined group as one message.
+        tuple_buckets = name == "xla" and not gpu
+        baselines[name] = Baseline(name, module, plan, f"{fusion_note}, {note}", tuple_buckets)
     return baselines

@@ -62,11 +62,12 @@ def compare_plans(
     progress callback of each search."""
     baselines = captured_baselines(module, compiled_separate, profile, cost_model)
 
-    def run(plan, ideal=None) -> SimulationResult:
-        return simulate(build_task_graph(module, plan), profile, cost_model, ideal_compute_s=ideal)
+    def run(plan, ideal=None, tuple_buckets=False) -> SimulationResult:
+        graph = build_task_graph(module, plan, tuple_buckets)
+        return simulate(graph, profile, cost_model, ideal_compute_s=ideal)
 
     xla_compute_s = run(baselines["xla-nocombine"].plan).compute_s
-    results = {name: run(b.plan, xla_compute_s) for name, b in baselines.items()}
+    results = {name: run(b.plan, xla_compute_s, b.tuple_buckets) for name, b in baselines.items()}
 
     def best_of(names) -> Plan:
         return baselines[min(names, key=lambda n: (results[n].iteration_s, n))].plan

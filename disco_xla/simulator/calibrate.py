@@ -5,7 +5,9 @@ T(S) = 2(p-1)·alpha + 2(p-1)/p · S/B is linear in (alpha, 1/B), so an ordinary
 least-squares fit over sizes from 4 KB to 256 MB gives both. Two runtimes:
 N CPU devices in one process, or N `jax.distributed` processes on loopback (gloo).
 The same run measures this machine's f32 matmul rate and memory bandwidth, and
-writes a `cpu-threads` profile.
+what each tensor of a tuple all-reduce (XLA:CPU's combined all-reduce) adds:
+(T(tuple of k tensors) - T(their bytes as one tensor)) / (k - 1). It writes a
+`cpu-threads` profile.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 from disco_xla.timing import median_seconds
 
 SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
+# The tuple all-reduce probe: 16 tensors of 16 KB against one of 256 KB.
+TUPLE_TENSORS, TUPLE_TENSOR_BYTES = 16, 16 * 1024
 _RESULT_MARK = "disco-xla-calibration: "
 
 
@@ -90,6 +94,44 @@ def measure_in_process(
     return measured
 
 
+def _tuple_element_s(reduce_tuple: Callable, reduce_one: Callable, data, repeats: int) -> float:
+    """Seconds each tensor after the first adds to a tuple all-reduce (>= 0)."""
+    tuple_s = _time_call(reduce_tuple, data, repeats)
+    one_s = _time_call(reduce_one, data, repeats)
+    return max(0.0, (tuple_s - one_s) / (TUPLE_TENSORS - 1))
+
+
+def _tuple_probe(axis: str) -> tuple[Callable, Callable]:
+    """(psum of a tuple of TUPLE_TENSORS slices, psum of the whole) over `axis`;
+    each takes a vector of TUPLE_TENSORS * TUPLE_TENSOR_BYTES bytes of f32."""
+    import jax
+    import jax.numpy as jnp
+
+    length = TUPLE_TENSOR_BYTES // 4
+
+    def as_tuple(x):
+        parts = tuple(x[i * length : (i + 1) * length] for i in range(TUPLE_TENSORS))
+        return jnp.concatenate(jax.lax.psum(parts, axis))
+
+    return as_tuple, lambda x: jax.lax.psum(x, axis)
+
+
+def measure_tuple_element_in_process(devices: int, repeats: int) -> float:
+    """`_tuple_element_s` over `devices` CPU devices of this process."""
+    import jax
+    import jax.numpy as jnp
+
+    chosen = jax.devices("cpu")[:devices]
+    as_tuple, as_one = _tuple_probe("d")
+    data = jnp.ones((devices, TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4), jnp.float32)
+    return _tuple_element_s(
+        jax.pmap(as_tuple, axis_name="d", devices=chosen),
+        jax.pmap(as_one, axis_name="d", devices=chosen),
+        data,
+        repeats,
+    )
+
+
 def measure_device(repeats: int = 5) -> tuple[float, float]:
     """(f32 matmul FLOP/s, memory bandwidth bytes/s) of one CPU device."""
     import jax
@@ -107,8 +149,9 @@ def measure_device(repeats: int = 5) -> tuple[float, float]:
 
 def measure_multi_process(
     processes: int, sizes: list[int], repeats: int, timeout_s: float = 900
-) -> list[tuple[int, float]]:
-    """All-reduce times over `processes` jax.distributed processes on loopback."""
+) -> tuple[list[tuple[int, float]], float]:
+    """All-reduce times over `processes` jax.distributed processes on loopback,
+    and `_tuple_element_s` there."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -143,7 +186,8 @@ def measure_multi_process(
     marked = [line for line in outputs[0][0].splitlines() if line.startswith(_RESULT_MARK)]
     if not marked:
         raise RuntimeError("calibration process 0 reported no result")
-    return [tuple(point) for point in json.loads(marked[-1][len(_RESULT_MARK) :])]
+    result = json.loads(marked[-1][len(_RESULT_MARK) :])
+    return [tuple(point) for point in result["points"]], result["tuple_element_s"]
 
 
 def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]) -> None:
@@ -158,17 +202,33 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
     reduce = jax.jit(
         jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=mesh, in_specs=P("d"), out_specs=P())
     )
+    sharding = NamedSharding(mesh, P("d"))
     measured = []
     for size in sizes:
         local = np.full((size // 4,), rank, np.float32)
-        data = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
+        data = jax.make_array_from_process_local_data(sharding, local)
         measured.append((size, _time_call(reduce, data, repeats)))
+    as_tuple, as_one = (
+        jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P()))
+        for f in _tuple_probe("d")
+    )
+    local = np.ones((TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4,), np.float32)
+    data = jax.make_array_from_process_local_data(sharding, local)
+    tuple_element_s = _tuple_element_s(as_tuple, as_one, data, repeats)
     jax.distributed.shutdown()
     if rank == 0:
-        print(_RESULT_MARK + json.dumps(measured), flush=True)
+        result = {"points": measured, "tuple_element_s": tuple_element_s}
+        print(_RESULT_MARK + json.dumps(result), flush=True)
 
 
-def cpu_profile(fit: Fit, workers: int, runtime: str, flops: float, bandwidth: float) -> dict:
+def cpu_profile(
+    fit: Fit,
+    workers: int,
+    runtime: str,
+    flops: float,
+    bandwidth: float,
+    tuple_element_s: float = 0.0,
+) -> dict:
     """The `cpu-threads` profile of this machine as a plain mapping for YAML."""
     link = {"bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "latency_s": fit.alpha_s}
     return {
@@ -177,7 +237,10 @@ def cpu_profile(fit: Fit, workers: int, runtime: str, flops: float, bandwidth: f
             f"this machine, calibrated by `disco-xla calibrate` ({runtime}, {workers} workers)"
         ),
         "execution": "cpu-threads",
-        "compute_threads": os.cpu_count() or 1,
+        # The workers share this machine's cores: in one process all devices run
+        # their kernels on one thread pool of a thread per core, and processes
+        # compete for the same cores.
+        "compute_threads": max(1, (os.cpu_count() or 1) // workers),
         "device": {
             "name": "host CPU",
             "peak_flops": {"f32": float(flops)},
@@ -187,6 +250,7 @@ def cpu_profile(fit: Fit, workers: int, runtime: str, flops: float, bandwidth: f
         "topology": {"devices_per_node": workers, "nodes": 1},
         "links": {"intra_node": dict(link), "inter_node": dict(link)},
         "all_reduce": "ring",
+        "tuple_all_reduce_element_s": float(tuple_element_s),
         "calibration": {
             "runtime": runtime,
             "max_relative_residual": fit.max_relative_residual,

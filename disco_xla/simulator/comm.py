@@ -7,11 +7,22 @@
   T(S) = 2·[(g-1)·alpha_in + (g-1)/g · S/B_in] + 2(n-1)·alpha_out + 2(n-1)/n · S/(g·B_out)
 
 A flat ring over several nodes runs at the slowest link's speed.
+
+A one-node profile calibrated on this machine carries the measured times
+themselves (`ClusterProfile.all_reduce_points`); there the time is read off them
+instead of the formula, because neither runtime here follows the two-parameter
+model across sizes (benchmarks/BENCHMARKS.md, "All-reduce calibration"). The
+points are first made non-decreasing in size from above (a time is at most the
+time measured for any larger message, which removes one-off stalls), then
+interpolated linearly; below the smallest size the time is that size's, above the
+largest it grows at the bandwidth of the last two points.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
+from functools import lru_cache
 
 from disco_xla.simulator.profiles import ClusterProfile, Link
 
@@ -27,8 +38,36 @@ def ring_all_reduce_s(size_bytes: float, workers: int, link: Link) -> float:
     return steps * link.latency_s + steps / workers * size_bytes / link.bandwidth_bytes_per_s
 
 
+@lru_cache(maxsize=16)
+def _envelope(points: tuple[tuple[float, float], ...]) -> tuple[list[float], list[float]]:
+    """Sizes and times, each time lowered to the least time of any larger size."""
+    sizes = [size for size, _ in points]
+    times = [seconds for _, seconds in points]
+    for i in range(len(times) - 2, -1, -1):
+        times[i] = min(times[i], times[i + 1])
+    return sizes, times
+
+
+def measured_all_reduce_s(size_bytes: float, points: tuple[tuple[float, float], ...]) -> float:
+    """The all-reduce time of `size_bytes` read off measured (bytes, seconds) points."""
+    sizes, times = _envelope(points)
+    if size_bytes <= sizes[0] or len(sizes) == 1:
+        return times[0] if size_bytes <= sizes[0] else times[0] * size_bytes / sizes[0]
+    if size_bytes >= sizes[-1]:
+        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        return times[-1] + max(slope, 0.0) * (size_bytes - sizes[-1])
+    right = bisect.bisect_left(sizes, size_bytes)
+    left = right - 1
+    share = (size_bytes - sizes[left]) / (sizes[right] - sizes[left])
+    return times[left] + share * (times[right] - times[left])
+
+
 def all_reduce_s(size_bytes: float, profile: ClusterProfile) -> float:
     """All-reduce time of `size_bytes` with the profile's algorithm and topology."""
+    if size_bytes <= 0 or profile.workers <= 1:
+        return 0.0
+    if profile.all_reduce_points and profile.nodes == 1:
+        return measured_all_reduce_s(size_bytes, profile.all_reduce_points)
     per_node, nodes = profile.devices_per_node, profile.nodes
     if nodes == 1:
         return ring_all_reduce_s(size_bytes, per_node, profile.intra_node)

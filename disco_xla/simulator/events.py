@@ -109,11 +109,21 @@ def to_ps(seconds: float) -> int:
 
 
 def communication_ps(
-    size_bytes: int, members: int, profile: ClusterProfile, comm_cost: CommCostFn
+    size_bytes: int,
+    members: int,
+    profile: ClusterProfile,
+    comm_cost: CommCostFn,
+    tuple_element_bytes: tuple[int, ...] = (),
 ) -> tuple[int, int]:
     """(all-reduce, one copy) of a communication task, in picoseconds. A bucket of
-    several gradients pays a concatenation before and a split after, each reading
-    and writing its bytes at memory bandwidth, plus a launch."""
+    several gradients sent as one message pays a concatenation before and a split
+    after, each reading and writing its bytes at memory bandwidth, plus a launch.
+    A tuple all-reduce (`tuple_element_bytes`, one size per tensor) copies
+    nothing, and pays the profile's `tuple_all_reduce_element_s` for each tensor
+    after the first: XLA:CPU sends them one after another."""
+    if tuple_element_bytes:
+        extra_s = (len(tuple_element_bytes) - 1) * profile.tuple_all_reduce_element_s
+        return to_ps(comm_cost(size_bytes, profile) + extra_s), 0
     copy_s = (
         2 * size_bytes / profile.memory_bandwidth_bytes_per_s + profile.kernel_launch_s
         if members > 1
@@ -127,14 +137,18 @@ def _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s) -> Simulat
     # round() and np.rint both round half to even: the same integers as to_ps.
     kernel_ps = np.rint(np.asarray(kernel_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
     comm_task_ps, copy_ps = [], []
-    for _, size, members in graph.communications:
-        comm, copy = communication_ps(size, len(members), profile, comm_cost)
+    for c, (_, size, members) in enumerate(graph.communications):
+        comm, copy = communication_ps(
+            size, len(members), profile, comm_cost, graph.tuple_elements(c)
+        )
         comm_task_ps.append(comm)
         copy_ps.append(copy)
     if profile.execution == "gpu-streams":
         events, finish, bound = _run_streams(graph, kernel_ps, comm_task_ps, copy_ps, profile)
     else:
-        events, finish, bound = _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile)
+        threads = max(1, profile.compute_threads) if profile.overlap else 1
+        run = _run_one_thread if threads == 1 else _run_threads
+        events, finish, bound = run(graph, kernel_ps, comm_task_ps, copy_ps, profile)
     iteration_ps = max((span[4] for span in events), default=0)
     compute = [(span[3], span[4]) for span in events if span[2] != "all-reduce"]
     comm = [(span[3], span[4]) for span in events if span[2] == "all-reduce"]
@@ -266,14 +280,13 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
     return events, finish, bound
 
 
-def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
-    """List scheduling on K threads: whenever a thread is free, it takes the ready
-    task of lowest priority (kernels in their order; a collective right after its
-    last producer). A collective holds its thread for its copies and transfer."""
+def _thread_tasks(graph, kernel_ps, comm_task_ps, copy_ps):
+    """What both thread schedulers start from: (kernel count, task count,
+    durations, dependencies, users, unfinished inputs per task, priorities,
+    names, the heap of ready tasks)."""
     kernels, comms = len(graph.kernels), len(graph.communications)
     total = kernels + comms
     duration = kernel_ps + [c + 2 * k for c, k in zip(comm_task_ps, copy_ps, strict=True)]
-    threads = max(1, profile.compute_threads) if profile.overlap else 1
     dependencies = graph.dependencies
     users: list[list[int]] = [[] for _ in range(total)]
     waiting = [len(deps) for deps in dependencies]
@@ -284,9 +297,20 @@ def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
     # Priorities are doubled so that a collective (2p + 1) sits between kernels.
     priority = list(range(0, 2 * kernels, 2)) + [2 * p + 1 for p in graph.last_producer]
     names = [k.name for k in graph.kernels] + [c[0] for c in graph.communications]
-    lanes = [f"thread {t}" for t in range(threads)]
     ready = [(priority[t], t) for t in range(total) if waiting[t] == 0]
     heapq.heapify(ready)
+    return kernels, total, duration, dependencies, users, waiting, priority, names, ready
+
+
+def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
+    """List scheduling on K threads: whenever a thread is free, it takes the ready
+    task of lowest priority (kernels in their order; a collective right after its
+    last producer). A collective holds its thread for its copies and transfer."""
+    kernels, total, duration, dependencies, users, waiting, priority, names, ready = _thread_tasks(
+        graph, kernel_ps, comm_task_ps, copy_ps
+    )
+    threads = max(1, profile.compute_threads) if profile.overlap else 1
+    lanes = [f"thread {t}" for t in range(threads)]
     running: list[tuple[int, int, int]] = []  # (finish, task, thread)
     free_threads = list(range(threads))  # a heap: the lowest free thread first
     finish: list = [None] * total
@@ -326,6 +350,40 @@ def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
     return events, finish, bound
 
 
+def _run_one_thread(graph, kernel_ps, comm_task_ps, copy_ps, profile):
+    """`_run_threads` with one thread, without its heap of running tasks: the
+    ready task of lowest priority runs as soon as the one before it ends, so every
+    task it waits for has already ended."""
+    kernels, total, duration, dependencies, users, waiting, priority, names, ready = _thread_tasks(
+        graph, kernel_ps, comm_task_ps, copy_ps
+    )
+    finish: list = [None] * total
+    bound: list = [None] * total
+    events: list[tuple] = []
+    append, heappush, heappop = events.append, heapq.heappush, heapq.heappop
+    now, previous = 0, None
+    while ready:
+        task = heappop(ready)[1]
+        end = now + duration[task]
+        # What set the start: the input that ended last, if it ended just now,
+        # else the task before on the thread.
+        latest, latest_end = None, -1
+        for dep in dependencies[task]:
+            if finish[dep] > latest_end:
+                latest, latest_end = dep, finish[dep]
+        bound[task] = latest if latest is not None and latest_end >= now else previous
+        finish[task] = end
+        append((names[task], "thread 0", "kernel" if task < kernels else "all-reduce", now, end))
+        now, previous = end, task
+        for user in users[task]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heappush(ready, (priority[user], user))
+    if any(f is None for f in finish):
+        raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
+    return events, finish, bound
+
+
 def graph_iteration_ps(
     graph: TaskGraph, profile: ClusterProfile, kernel_ps: list[int], comm_cost: CommCostFn
 ) -> int:
@@ -337,8 +395,12 @@ def graph_iteration_ps(
     comm_ps, copy_ps, stream = [], [], []
     streams = max(1, profile.communication_streams)
     bucket_index = 0
-    for (_, size, members), is_bucket in zip(graph.communications, graph.is_bucket, strict=True):
-        comm, copy = communication_ps(size, len(members), profile, comm_cost)
+    for c, ((_, size, members), is_bucket) in enumerate(
+        zip(graph.communications, graph.is_bucket, strict=True)
+    ):
+        comm, copy = communication_ps(
+            size, len(members), profile, comm_cost, graph.tuple_elements(c)
+        )
         comm_ps.append(comm)
         copy_ps.append(copy)
         stream.append(bucket_index % streams if is_bucket else streams)

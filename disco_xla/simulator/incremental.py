@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.plan import Plan
+from disco_xla.plan import Plan, buckets_follow_dependencies, gradient_dependencies
 from disco_xla.simulator.comm import CommCostFn, all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import (
@@ -99,6 +100,17 @@ class GroupCosts:
         return [self.cache[g] for g in groups]
 
 
+_DEPENDENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def gradient_dependencies_of(module: HloModule) -> dict[str, frozenset[str]]:
+    """`plan.gradient_dependencies`, computed once per module."""
+    found = _DEPENDENCIES.get(module)
+    if found is None:
+        found = _DEPENDENCIES[module] = gradient_dependencies(module)
+    return found
+
+
 class PlanState:
     """One loaded plan, ready to evaluate its neighbours."""
 
@@ -157,6 +169,7 @@ class PlanState:
         self._merged_cache: dict[tuple[int, int], tuple[str, ...]] = {}
         self._bucket_cache: dict[tuple[str, ...], tuple[int, int, int]] = {}
         self._collective_info()
+        self.gradient_dependencies = gradient_dependencies_of(module)
         self._set_buckets(plan.all_reduce_buckets)
         self._rebucket_info()
         self.iteration_ps = self._time(None)
@@ -182,7 +195,11 @@ class PlanState:
             if not compute and index.atoms[atom][0].name not in gradients
         ]
 
-        def info(atoms, size):
+        def info(atoms, shape):
+            # The last field: the tensor sizes when the instruction is a tuple
+            # all-reduce (see `build_task_graph`), else ().
+            leaves = tuple(leaf.bytes for leaf in shape.leaves())
+            size, elements = shape.bytes, leaves if len(leaves) > 1 else ()
             producer_atoms, producers, reads = [], set(), set()
             for atom in atoms:
                 for source in index.inputs[atom]:
@@ -191,13 +208,12 @@ class PlanState:
                         producers.add(self.kernel_of_atom[source])
                     else:
                         reads.add(source)
-            return size, atoms, producer_atoms, producers, reads
+            return size, atoms, producer_atoms, producers, reads, elements
 
         self.gradient_info = {
-            name: info(index.atoms_of_name[name], index.by_name[name].shape.bytes)
-            for name in gradients
+            name: info(index.atoms_of_name[name], index.by_name[name].shape) for name in gradients
         }
-        self.other_info = [info([a], index.atoms[a][0].shape.bytes) for a in self.others]
+        self.other_info = [info([a], index.atoms[a][0].shape) for a in self.others]
         self.waiting = [k for k, reads in enumerate(self.reads) if reads]
 
     def _rebucket_info(self) -> None:
@@ -246,11 +262,12 @@ class PlanState:
             if known is None:
                 size = sum(info[name][0] for name in bucket)
                 producer = max(gradient_last[name] for name in bucket)
-                key = (size, len(bucket) > 1)
+                elements = info[bucket[0]][5] if len(bucket) == 1 else ()
+                key = (size, len(bucket) > 1, elements)
                 costs = cache.get(key)
                 if costs is None:
                     costs = cache[key] = communication_ps(
-                        size, len(bucket), self.profile, self.comm_cost
+                        size, len(bucket), self.profile, self.comm_cost, elements
                     )
                 known = bucket_cache[bucket] = (costs[0], costs[1], producer)
             comm_ps.append(known[0])
@@ -341,17 +358,18 @@ class PlanState:
         for number, members in enumerate(infos):
             is_bucket = number < len(buckets)
             size = sum(m[0] for m in members)
-            key = (size, len(members) > 1)
+            elements = members[0][5] if len(members) == 1 else ()
+            key = (size, len(members) > 1, elements)
             costs = self._comm_cost_cache.get(key)
             if costs is None:
                 costs = self._comm_cost_cache[key] = communication_ps(
-                    size, len(members), self.profile, self.comm_cost
+                    size, len(members), self.profile, self.comm_cost, elements
                 )
             self.comm_ps.append(costs[0])
             self.copy_ps.append(costs[1])
             self.stream.append(number % streams if is_bucket else streams)
             if len(members) == 1:
-                _, _, producer_atoms, producers, reads = members[0]
+                _, _, producer_atoms, producers, reads, _ = members[0]
             else:
                 producer_atoms = [a for m in members for a in m[2]]
                 producers = set().union(*(m[3] for m in members))
@@ -459,6 +477,8 @@ class PlanState:
     def evaluate(self, change: Change) -> float | None:
         """Simulated iteration seconds of the plan `change` makes (None: illegal)."""
         if isinstance(change, Rebucket):
+            if not buckets_follow_dependencies(change.buckets, self.gradient_dependencies):
+                return None
             if self.profile.execution == "gpu-streams":
                 return self._rebucket_time(change.buckets) / PS_PER_S
             return self._time(change) / PS_PER_S

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -100,6 +100,16 @@ class TaskGraph:
     communications: list[tuple[str, int, tuple[str, ...]]]  # (name, bytes, members)
     dependencies: list[list[int]]  # per task id
     is_bucket: list[bool]  # per communication task: a gradient bucket of the plan
+    # Per communication task: the bytes of each tensor of a tuple all-reduce
+    # (several tensors sent by one instruction, without concatenation), or () for
+    # one message. Missing entries mean one message.
+    tuple_element_bytes: list[tuple[int, ...]] = field(default_factory=list)
+
+    def tuple_elements(self, communication: int) -> tuple[int, ...]:
+        """The tensor sizes of communication task `communication` if it is a tuple
+        all-reduce, else ()."""
+        elements = self.tuple_element_bytes
+        return elements[communication] if communication < len(elements) else ()
 
     @property
     def task_count(self) -> int:
@@ -466,8 +476,13 @@ def kernel_order(priority: list, predecessors: list[set[int]]) -> list[int]:
     return order
 
 
-def build_task_graph(module: HloModule, plan: Plan) -> TaskGraph:
-    """The tasks of `plan` on `module` (the plan must have passed `verify_plan`)."""
+def build_task_graph(module: HloModule, plan: Plan, tuple_buckets: bool = False) -> TaskGraph:
+    """The tasks of `plan` on `module` (the plan must have passed `verify_plan`).
+
+    A bucket of several gradients is sent as one concatenated message (what the
+    rewrite makes), or, with `tuple_buckets`, as a tuple all-reduce (what XLA's
+    own combiner makes). An all-reduce instruction of tuple shape, as in a module
+    XLA compiled, is always a tuple all-reduce."""
     index = module_index(module)
     by_name = index.by_name
     instances, kernel_of_atom = kernel_instances(index, plan)
@@ -475,6 +490,7 @@ def build_task_graph(module: HloModule, plan: Plan) -> TaskGraph:
     task_of_atom = dict(kernel_of_atom)
     communications: list[tuple[str, int, tuple[str, ...]]] = []
     is_bucket: list[bool] = []
+    tuple_element_bytes: list[tuple[int, ...]] = []
     for bucket in plan.all_reduce_buckets:
         task = kernel_count + len(communications)
         for name in bucket:
@@ -483,12 +499,17 @@ def build_task_graph(module: HloModule, plan: Plan) -> TaskGraph:
         label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
         communications.append((label, sum(by_name[n].shape.bytes for n in bucket), tuple(bucket)))
         is_bucket.append(True)
+        elements = [leaf.bytes for n in bucket for leaf in by_name[n].shape.leaves()]
+        is_tuple = len(elements) > 1 and (tuple_buckets or len(bucket) == 1)
+        tuple_element_bytes.append(tuple(elements) if is_tuple else ())
     for atom, (instr, key) in enumerate(index.atoms):
         if atom not in task_of_atom:  # a collective that is not a gradient
             task_of_atom[atom] = kernel_count + len(communications)
             label = instr.name + (f"@{key[-1]}" if key else "")
             communications.append((label, instr.shape.bytes, (instr.name,)))
             is_bucket.append(False)
+            elements = [leaf.bytes for leaf in instr.shape.leaves()]
+            tuple_element_bytes.append(tuple(elements) if len(elements) > 1 else ())
     dependencies: list[set[int]] = [set() for _ in range(kernel_count + len(communications))]
     order_preds: list[set[int]] = [set() for _ in range(kernel_count)]
     for atom, task in task_of_atom.items():
@@ -521,4 +542,4 @@ def build_task_graph(module: HloModule, plan: Plan) -> TaskGraph:
     ordered_dependencies += [
         sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
     ]
-    return TaskGraph(kernels, communications, ordered_dependencies, is_bucket)
+    return TaskGraph(kernels, communications, ordered_dependencies, is_bucket, tuple_element_bytes)

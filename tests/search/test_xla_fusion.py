@@ -61,6 +61,13 @@ def test_every_baseline_is_a_legal_plan_over_the_captured_module(step_and_compil
     assert len(baselines["xla-nocombine"].plan.all_reduce_buckets) == gradients
     if cluster == "cpu-local":  # XLA:CPU combines everything into one all-reduce
         assert len(baselines["xla"].plan.all_reduce_buckets) == 1
+        # ... a tuple all-reduce, which costs a latency per tensor after the first.
+        graph = baselines["xla"].task_graph()
+        assert len(graph.tuple_elements(0)) == gradients
+        assert profile.tuple_all_reduce_element_s > 0
+    else:  # XLA:GPU's combined groups are one message each
+        assert not baselines["xla"].tuple_buckets
+    assert not any(baselines[n].tuple_buckets for n in BASELINES if n != "xla")
     fused = baselines["xla"].plan.fusion_groups
     assert all(baselines[n].plan.fusion_groups == fused for n in BASELINES if n != "none")
 

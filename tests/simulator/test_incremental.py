@@ -121,3 +121,54 @@ def test_a_computation_called_twice_runs_once_per_call():
     result = simulate(graph, profile, RooflineCostModel(profile))
     kernel_s = RooflineCostModel(profile).kernels_s(graph)
     assert result.iteration_s == pytest.approx(sum(kernel_s))
+
+
+# grad2 is computed from the all-reduced grad1 (as in a step that normalises one
+# gradient by another's mean): no bucket may hold both, nor put grad2 first.
+DEPENDENT_GRADIENTS = """HloModule dependent
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[256] parameter(0)
+  w1 = f32[256] parameter(1)
+  w2 = f32[256] parameter(2)
+  w3 = f32[256] parameter(3)
+  grad1 = f32[256] multiply(x, w1)
+  mean1 = f32[256] all-reduce(grad1), replica_groups={{0,1}}, to_apply=sum
+  grad2 = f32[256] multiply(mean1, w2)
+  mean2 = f32[256] all-reduce(grad2), replica_groups={{0,1}}, to_apply=sum
+  grad3 = f32[256] tanh(x)
+  mean3 = f32[256] all-reduce(grad3), replica_groups={{0,1}}, to_apply=sum
+  ROOT out = (f32[256], f32[256], f32[256]) tuple(mean1, mean2, mean3)
+}
+"""
+
+
+@pytest.mark.parametrize("cluster", ["cpu-local", "a100-2x8-100g"])
+def test_bucket_moves_that_break_a_gradient_dependency_are_refused(cluster):
+    from disco_xla.plan import gradient_dependencies
+    from disco_xla.simulator.incremental import Rebucket
+
+    module = module_from_text(DEPENDENT_GRADIENTS)
+    assert gradient_dependencies(module) == {"mean2": frozenset({"mean1"})}
+    profile = load_profile(cluster)
+    state = PlanState(module, Plan.unfused(module), profile, RooflineCostModel(profile))
+    for buckets, legal in [
+        ((("mean1",), ("mean2",), ("mean3",)), True),
+        ((("mean1", "mean3"), ("mean2",)), True),
+        ((("mean1", "mean2"), ("mean3",)), False),  # a bucket waiting on itself
+        ((("mean2",), ("mean1",), ("mean3",)), False),  # waits on a later bucket
+    ]:
+        plan = dataclasses.replace(Plan.unfused(module), all_reduce_buckets=buckets)
+        if legal:
+            verify_plan(plan, module)
+            assert state.evaluate(Rebucket(buckets)) is not None
+        else:
+            with pytest.raises(DiscoInputError):
+                verify_plan(plan, module)
+            assert state.evaluate(Rebucket(buckets)) is None

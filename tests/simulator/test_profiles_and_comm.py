@@ -44,6 +44,23 @@ def test_hierarchical_beats_a_flat_ring_over_a_slow_network():
     assert all_reduce_s(size, hierarchical) == pytest.approx(inside + across)
 
 
+def test_a_calibrated_profile_reads_its_measured_points():
+    import dataclasses
+
+    points = ((4096.0, 4e-4), (65536.0, 3e-3), (262144.0, 1e-3), (1048576.0, 2e-3))
+    profile = dataclasses.replace(load_profile("cpu-local"), all_reduce_points=points)
+    assert all_reduce_s(4096, profile) == pytest.approx(4e-4)
+    assert all_reduce_s(1024, profile) == pytest.approx(4e-4)  # latency-bound below
+    # The stall at 64 KB is more than a larger message took: it is lowered to 1 ms.
+    assert all_reduce_s(65536, profile) == pytest.approx(1e-3)
+    assert all_reduce_s((262144 + 1048576) / 2, profile) == pytest.approx(1.5e-3)
+    slope = (2e-3 - 1e-3) / (1048576 - 262144)
+    assert all_reduce_s(2 * 1048576, profile) == pytest.approx(2e-3 + slope * 1048576)
+    # The shipped CPU profiles were calibrated: they carry their points.
+    assert load_profile("cpu-local").all_reduce_points
+    assert not load_profile("a100-2x8-100g").all_reduce_points
+
+
 def test_unknown_profile_name_lists_the_valid_ones():
     with pytest.raises(DiscoInputError, match="unknown cluster profile; choose from a100-2x8-100g"):
         load_profile("tpu-v9")
@@ -57,6 +74,8 @@ def test_unknown_profile_name_lists_the_valid_ones():
         (lambda d: d["device"]["peak_flops"].update(f32="fast"), "device.peak_flops.f32"),
         (lambda d: d.update(all_reduce="tree"), "bad key 'all_reduce'"),
         (lambda d: d["topology"].update(nodes=0), "topology.nodes"),
+        (lambda d: d.update(tuple_all_reduce_element_s=-1), "tuple_all_reduce_element"),
+        (lambda d: d.update(calibration={"points": [{"bytes": 4096}]}), "calibration.points"),
     ],
 )
 def test_a_malformed_profile_names_the_bad_key(tmp_path, edit, problem):
@@ -105,6 +124,9 @@ def test_calibrate_measures_fits_and_writes_a_loadable_profile(tmp_path, where):
         report["bandwidth_bytes_per_s"]
     )
     assert math.isclose(profile.peak_flops["f32"], report["peak_flops_f32"])
+    # XLA:CPU sends a tuple all-reduce's tensors one after another, on both runtimes.
+    assert report["tuple_all_reduce_element_s"] > 0
+    assert profile.tuple_all_reduce_element_s == pytest.approx(report["tuple_all_reduce_element_s"])
 
 
 def test_calibrate_refuses_a_single_worker():

@@ -92,9 +92,37 @@ def test_one_bucket_waits_for_both_gradients_and_pays_the_copies(module):
     assert [e.kind for e in result.events].count("copy") == 2
 
 
+def test_a_tuple_bucket_copies_nothing_and_pays_for_each_tensor_after_the_first(module):
+    profile = dataclasses.replace(load_profile("a100-2x8-100g"), tuple_all_reduce_element_s=5e-4)
+    plan = dataclasses.replace(Plan.unfused(module), all_reduce_buckets=(("mean1", "mean2"),))
+    graph = build_task_graph(module, plan, tuple_buckets=True)
+    assert graph.tuple_elements(0) == (4096, 4096)
+    table = {k.structural_hash: KERNEL_S[k.name] for k in graph.kernels}
+    result = simulate(graph, profile, TableCostModel(table, RooflineCostModel(profile)))
+    comm = all_reduce_s(8192, profile) + 5e-4
+    assert result.iteration_s == pytest.approx(3e-3 + 2e-3 + 4e-3 + comm + 1e-3 + 1e-3)
+    assert [e.kind for e in result.events].count("copy") == 0
+    # The same bucket as the rewrite sends it: concatenated, one message.
+    assert build_task_graph(module, plan).tuple_elements(0) == ()
+
+
+def test_a_tuple_shaped_all_reduce_is_a_tuple_all_reduce():
+    text = TWO_GRADIENTS.replace(
+        """  mean1 = f32[1024] all-reduce(grad1), replica_groups={{0,1}}, to_apply=sum
+  mean2 = f32[1024] all-reduce(grad2), replica_groups={{0,1}}, to_apply=sum""",
+        "  both = (f32[1024], f32[1024]) all-reduce(grad1, grad2), "
+        "replica_groups={{0,1}}, to_apply=sum\n"
+        "  mean1 = f32[1024] get-tuple-element(both), index=0\n"
+        "  mean2 = f32[1024] get-tuple-element(both), index=1",
+    )
+    combined = module_from_text(text)
+    graph = build_task_graph(combined, Plan.unfused(combined))
+    assert [graph.tuple_elements(c) for c in range(len(graph.communications))] == [(4096, 4096)]
+
+
 def test_cpu_threads_run_independent_work_side_by_side_unless_overlap_is_off(module):
-    profile = load_profile("cpu-local")
-    assert profile.compute_threads >= 2
+    # Two executor threads, as where a worker has two cores to itself.
+    profile = dataclasses.replace(load_profile("cpu-local"), compute_threads=2)
     plan = Plan.unfused(module)
     graph, costs = timed(module, plan, profile)
     parallel = simulate(graph, profile, costs)
@@ -104,6 +132,28 @@ def test_cpu_threads_run_independent_work_side_by_side_unless_overlap_is_off(mod
     assert serial.iteration_s == pytest.approx(total)
     assert parallel.iteration_s < serial.iteration_s
     assert serial.exposed_comm_s == pytest.approx(serial.comm_s)
+
+
+@pytest.mark.parametrize("name", ["jax_pmap_step", "tf_train_step"])
+def test_the_one_thread_scheduler_equals_the_general_one_with_one_thread(captured, name):
+    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.simulator import events
+
+    step = HloModule.from_bytes(captured[name][0], name)
+    profile = dataclasses.replace(load_profile("cpu-local"), compute_threads=1)
+    graph = build_task_graph(step, Plan.unfused(step))
+    kernel_ps = [events.to_ps(s) for s in RooflineCostModel(profile).kernels_s(graph)]
+    comm_ps, copy_ps = [], []
+    for c, (_, size, members) in enumerate(graph.communications):
+        comm, copy = events.communication_ps(
+            size, len(members), profile, all_reduce_s, graph.tuple_elements(c)
+        )
+        comm_ps.append(comm)
+        copy_ps.append(copy)
+    general = events._run_threads(graph, kernel_ps, comm_ps, copy_ps, profile)
+    one = events._run_one_thread(graph, kernel_ps, comm_ps, copy_ps, profile)
+    assert one == general
+    assert len(general[0]) == graph.task_count
 
 
 def test_roofline_is_the_slower_of_compute_and_memory_plus_launch(module):

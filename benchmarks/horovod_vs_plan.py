@@ -1,0 +1,385 @@
+"""Horovod's tensor fusion against a disco-xla plan's buckets, on 2 Horovod ranks.
+
+    .venv/bin/python benchmarks/horovod_vs_plan.py [--model bert_encoder --model vgg16]
+        [--rounds 10] [--steps 5] [--warmup 2] [--testbed loopback|netns] [--json]
+
+For each Keras zoo model (tiny size; default bert_encoder and vgg16) it captures
+the TF training step in this environment (TF 2.21) with `disco-xla capture`, runs
+`disco-xla optimize` on it for `--cluster`, and then trains the same model under
+Horovod (`.venv-horovod`, TF 2.12) with four settings:
+
+- `default`: one `hvd.allreduce` per gradient, Horovod's fusion at 128 MB / 1 ms;
+- `legacy`: the same at 64 MB / 5 ms (Horovod before 0.21);
+- `none`: the same with fusion off (threshold 0);
+- `plan`: the plan's buckets, one `hvd.grouped_allreduce` each, fusion off
+  (`disco_xla.runtime.horovod.HorovodStep`).
+
+Each setting of each round is its own 2-rank job (Horovod reads its fusion
+settings at `hvd.init()`, and re-initialising it in one process failed here, see
+`runtime.horovod.set_fusion_environment`). Timing is paired and rotating: in round
+r the four jobs run in the order rotated by r; each job runs `--warmup` untimed
+steps, then `--steps` timed ones, whose median is the round's figure for that
+setting. The table gives the median over rounds of each setting, and the median
+over rounds of (best Horovod setting of that round / plan): above 1 means the plan
+is faster.
+
+`--testbed netns` runs the 2 ranks in the network namespaces of
+`benchmarks/testbed.sh up` (1 Gbit/s veth link) instead of loopback, without
+horovodrun (which would need ssh): a Horovod rendezvous server in disco_ns0 and one
+worker per namespace with the environment horovodrun would give it (see
+`_namespace_hosts_files` for the one workaround it needs).
+
+The same file is the worker (`worker` subcommand, run under horovodrun with the
+`.venv-horovod` Python); `tests/runtime/test_horovod.py` uses it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MODELS = ("bert_encoder", "vgg16", "resnet50", "inception_v3")
+DEFAULT_MODELS = ("bert_encoder", "vgg16")
+SETTINGS = ("default", "legacy", "none", "plan")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMESPACES = (("disco_ns0", "10.77.0.1", "disco_veth0"), ("disco_ns1", "10.77.0.2", "disco_veth1"))
+RENDEZVOUS_PORT = 47293
+
+
+# -- the worker: runs under Horovod, in .venv-horovod -----------------------------
+
+
+def build_keras_model(name: str, rank: int, batch: int = 2, seed: int = 0):
+    """The tiny zoo model `name` (as `zoo.tf_steps.build_tf_step` builds it, here
+    for whichever Keras is installed), this rank's batch and its loss function."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from disco_xla.zoo.tf_steps import _APPLICATIONS, _IMAGE_SIDE, _bert_encoder
+
+    keras.utils.set_random_seed(seed)  # the same initial weights on every rank
+    rng = np.random.default_rng(seed + 1 + rank)  # each rank its own batch
+    if name in _APPLICATIONS:
+        side = _IMAGE_SIDE[name][1]
+        model = getattr(keras.applications, _APPLICATIONS[name])(
+            weights=None, input_shape=(side, side, 3), classes=10, classifier_activation=None
+        )
+        inputs = rng.standard_normal((batch, side, side, 3)).astype(np.float32)
+        classes = 10
+    elif name == "bert_encoder":
+        model, input_shape, vocab, classes = _bert_encoder("tiny")
+        inputs = rng.integers(0, vocab, (batch, *input_shape), dtype=np.int32)
+    else:
+        raise KeyError(name)
+    labels = rng.integers(0, classes, (batch,), dtype=np.int32)
+    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def loss_fn(x, y):
+        return loss_object(y, model(x, training=True))
+
+    return model, tf.constant(inputs), tf.constant(labels), loss_fn
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """One rank of one job: train `args.model` with one setting, time its steps."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from disco_xla.errors import DiscoInputError
+    from disco_xla.runtime import horovod as runtime
+
+    fusion = (
+        runtime.PLAN_FUSION if args.setting == "plan" else runtime.FUSION_SETTINGS[args.setting]
+    )
+    runtime.set_fusion_environment(fusion)
+    if args.horovod_timeline:
+        os.environ["HOROVOD_TIMELINE"] = args.horovod_timeline
+    import horovod.tensorflow as hvd
+    import numpy as np
+
+    hvd.init()
+    rank = hvd.rank()
+    model, inputs, labels, loss_fn = build_keras_model(args.model, rank)
+    variables = model.trainable_variables
+    buckets = None
+    if args.setting == "plan":
+        try:
+            gradients = runtime.load_plan_buckets(args.plan, args.module)
+            buckets = runtime.match_variables(gradients, variables, args.plan)
+        except DiscoInputError as error:  # refused before the first step
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    step = runtime.HorovodStep(loss_fn, variables, buckets, args.learning_rate)
+    for _ in range(args.warmup):
+        step(inputs, labels).numpy()
+    times_s = []
+    for index in range(args.steps):
+        if rank == args.fail_rank and index == args.fail_after:
+            raise RuntimeError(f"rank {rank} fails on purpose before step {index}")
+        start = time.perf_counter()
+        step(inputs, labels).numpy()
+        times_s.append(time.perf_counter() - start)
+    if args.save_params:
+        path = os.path.join(args.save_params, f"{args.setting}.rank{rank}.npz")
+        np.savez(path, *[v.numpy() for v in variables])
+    if rank == 0 and args.output:
+        result = {
+            "model": args.model,
+            "setting": args.setting,
+            "parameter_bytes": int(sum(v.shape.num_elements() * 4 for v in variables)),
+            "gradients": len(variables),
+            "plan_buckets": None if buckets is None else [len(b) for b in buckets],
+            "step_s": times_s,
+        }
+        with open(args.output, "w") as handle:
+            json.dump(result, handle)
+    return 0
+
+
+# -- the driver: runs in the main environment --------------------------------------
+
+
+def _run(command: list[str], timeout_s: float) -> None:
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT
+    )
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(command[:3])} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+
+
+def prepare_plan(model: str, directory: str, cluster: str, budget_s: float) -> tuple[str, str]:
+    """Capture `model`'s TF step for 2 replicas and optimize it: (module, plan) paths."""
+    disco = os.path.join(os.path.dirname(sys.executable), "disco-xla")
+    module = os.path.join(directory, f"{model}.pb")
+    plan = os.path.join(directory, f"{model}.plan.json")
+    _run([disco, "capture", "--framework", "tf", "--model", model, "-o", module], 600)
+    optimize = [disco, "optimize", module, "--cluster", cluster, "--budget-s", str(budget_s)]
+    _run([*optimize, "-o", plan], 900)
+    return module, plan
+
+
+def _worker_arguments(model: str, setting: str, files: dict, args, output: str) -> list[str]:
+    arguments = [os.path.abspath(__file__), "worker", "--model", model, "--setting", setting]
+    arguments += ["--module", files["module"], "--plan", files["plan"]]
+    arguments += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--output", output]
+    return arguments
+
+
+def run_loopback(worker_arguments: list[str], timeout_s: float) -> int:
+    from disco_xla.runtime.launch import launch_horovod
+
+    return launch_horovod(worker_arguments[0], worker_arguments[1:], 2, timeout_s)
+
+
+def run_netns(worker_arguments: list[str], timeout_s: float) -> int:
+    """Both ranks across the testbed's veth link, with a Horovod rendezvous server
+    in disco_ns0, started and wired the way horovodrun's gloo launcher does."""
+    from disco_xla.runtime.launch import REPO_ROOT as PACKAGE_ROOT
+    from disco_xla.runtime.launch import horovod_environment
+
+    python = str(horovod_environment() / "bin" / "python")
+    hosts_files = _namespace_hosts_files()
+    rendezvous = subprocess.Popen(
+        ["ip", "netns", "exec", NAMESPACES[0][0], python, os.path.abspath(__file__)]
+        + ["rendezvous"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ranks = []
+    try:
+        port = int(rendezvous.stdout.readline().strip())
+        for rank, (namespace, address, interface) in enumerate(NAMESPACES):
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(PACKAGE_ROOT),
+                "PYTHONUNBUFFERED": "1",
+                "HOROVOD_GLOO_RENDEZVOUS_ADDR": NAMESPACES[0][1],
+                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+                "HOROVOD_CONTROLLER": "gloo",
+                "HOROVOD_CPU_OPERATIONS": "gloo",
+                "HOROVOD_GLOO_IFACE": interface,
+                "HOROVOD_HOSTNAME": address,
+                "HOROVOD_RANK": str(rank),
+                "HOROVOD_SIZE": "2",
+                "HOROVOD_LOCAL_RANK": "0",
+                "HOROVOD_LOCAL_SIZE": "1",
+                "HOROVOD_CROSS_RANK": str(rank),
+                "HOROVOD_CROSS_SIZE": "2",
+            }
+            command = ["ip", "netns", "exec", namespace, python, *worker_arguments]
+            ranks.append(subprocess.Popen(command, env=env))
+        deadline = time.monotonic() + timeout_s
+        while any(r.poll() is None for r in ranks):
+            failed = [r.returncode for r in ranks if r.poll() not in (None, 0)]
+            if failed:
+                return failed[0]
+            if time.monotonic() > deadline:
+                return 124
+            time.sleep(0.1)
+        return next((r.returncode for r in ranks if r.returncode), 0)
+    finally:
+        for path in hosts_files:
+            os.remove(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(path))
+        for process in [*ranks, rendezvous]:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+
+def _namespace_hosts_files() -> list[str]:
+    """Make this machine's hostname resolve to each namespace's own address there.
+
+    Horovod 0.28.1 builds the gloo context of its global process set with an empty
+    interface (it does not pass HOROVOD_GLOO_IFACE on), so gloo takes the address
+    the hostname resolves to, 127.0.0.1, which the other namespace cannot reach.
+    `ip netns exec NS` mounts /etc/netns/NS/hosts over /etc/hosts; the files made
+    here are removed after the run. Returns the paths created."""
+    import socket
+
+    created = []
+    for namespace, address, _ in NAMESPACES:
+        path = f"/etc/netns/{namespace}/hosts"
+        if os.path.exists(path):
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
+        created.append(path)
+    return created
+
+
+def _rendezvous() -> int:
+    """A Horovod gloo rendezvous server for 2 ranks, one per host (namespace)."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.http.http_server import RendezvousServer
+
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    hosts = parse_hosts(f"{NAMESPACES[0][1]}:1,{NAMESPACES[1][1]}:1")
+    server.init(get_host_assignments(hosts, 2))
+    print(port, flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def summarise(model: str, rounds: list[dict]) -> dict:
+    """Median over rounds per setting (each round's figure is the median of its
+    timed steps), and the median of per-round ratios best Horovod setting / plan."""
+    medians = {s: statistics.median(r[s] for r in rounds) for s in SETTINGS}
+    horovod = [s for s in SETTINGS if s != "plan"]
+    ratios = [min(r[s] for s in horovod) / r["plan"] for r in rounds]
+    return {
+        "model": model,
+        "rounds": len(rounds),
+        "median_step_s": medians,
+        "best_horovod": min(horovod, key=lambda s: medians[s]),
+        "best_horovod_over_plan_paired": statistics.median(ratios),
+    }
+
+
+def _measure(model: str, files: dict, args, directory: str) -> dict:
+    """Paired, rotating rounds: one Horovod job per setting per round."""
+    run = run_netns if args.testbed == "netns" else run_loopback
+    rounds = []
+    details: dict = {}
+    for round_index in range(args.rounds):
+        shift = round_index % len(SETTINGS)
+        figures = {}
+        for setting in SETTINGS[shift:] + SETTINGS[:shift]:
+            output = os.path.join(directory, f"{model}.{setting}.result.json")
+            code = run(_worker_arguments(model, setting, files, args, output), args.timeout_s)
+            if code != 0:
+                sys.exit(f"the Horovod job for {model} ({setting}) failed with exit code {code}")
+            with open(output) as handle:
+                result = json.load(handle)
+            figures[setting] = statistics.median(result["step_s"])
+            details["parameter_bytes"] = result["parameter_bytes"]
+            details["gradients"] = result["gradients"]
+            if setting == "plan":
+                details["plan_buckets"] = result["plan_buckets"]
+        rounds.append(figures)
+        print(
+            f"{model} round {round_index}: "
+            + ", ".join(f"{s} {figures[s] * 1e3:.2f} ms" for s in SETTINGS),
+            file=sys.stderr,
+        )
+    return {
+        **summarise(model, rounds),
+        "parameter_bytes": details["parameter_bytes"],
+        "gradients": details["gradients"],
+        "plan_buckets": details["plan_buckets"],
+        "per_round_s": rounds,
+    }
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "rendezvous":
+        return _rendezvous()
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        parser = argparse.ArgumentParser(prog="horovod_vs_plan.py worker")
+        parser.add_argument("--model", required=True)
+        parser.add_argument("--setting", choices=SETTINGS, required=True)
+        parser.add_argument("--plan", help="PLAN.json from `disco-xla optimize`")
+        parser.add_argument("--module", help="the captured module the plan is for")
+        parser.add_argument("--steps", type=int, default=5)
+        parser.add_argument("--warmup", type=int, default=2)
+        parser.add_argument("--learning-rate", type=float, default=0.01)
+        parser.add_argument("--save-params", help="directory for SETTING.rankR.npz")
+        parser.add_argument("--horovod-timeline", help="write Horovod's timeline here")
+        parser.add_argument("--fail-rank", type=int, default=-1, help="this rank fails")
+        parser.add_argument("--fail-after", type=int, default=0, help="steps before failing")
+        parser.add_argument("--output", help="rank 0 writes its step times here (JSON)")
+        return _worker(parser.parse_args(sys.argv[2:]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", choices=MODELS)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per job")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--testbed", choices=["loopback", "netns"], default="loopback")
+    parser.add_argument("--cluster", default="cpu-local", help="profile the plan is made for")
+    parser.add_argument("--budget-s", type=float, default=30.0, help="search budget per model")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per Horovod job")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    summaries = []
+    with tempfile.TemporaryDirectory() as directory:
+        for model in args.model or DEFAULT_MODELS:
+            module, plan = prepare_plan(model, directory, args.cluster, args.budget_s)
+            files = {"module": module, "plan": plan}
+            summaries.append({"testbed": args.testbed, **_measure(model, files, args, directory)})
+    load_after = os.getloadavg()[0]
+    if args.json:
+        print(json.dumps({"load_average_1min": [load_before, load_after], "models": summaries}))
+        return 0
+    print(
+        f"{args.testbed}, 2 Horovod ranks (gloo), {args.rounds} paired rotating rounds, "
+        f"median of {args.steps} steps per job"
+    )
+    header = f"{'model':<14}{'buckets':>8}" + "".join(f"{s:>10}" for s in SETTINGS)
+    print(header + f"{'best/plan':>11}   (median step, ms)")
+    for summary in summaries:
+        medians = summary["median_step_s"]
+        cells = "".join(f"{medians[s] * 1e3:>10.2f}" for s in SETTINGS)
+        buckets = len(summary["plan_buckets"])
+        ratio = summary["best_horovod_over_plan_paired"]
+        best = summary["best_horovod"]
+        print(f"{summary['model']:<14}{buckets:>8}{cells}{ratio:>10.3f}x  (best: {best})")
+    print(f"load average (1 min) before / after: {load_before:.2f} / {load_after:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
