@@ -33,6 +33,18 @@ def add_instruction(computation: Computation, name: str, opcode: str, shape, ope
     return proto
 
 
+def clone_instruction(computation: Computation, proto, name: str, operands) -> object:
+    """Append a copy of instruction `proto` (its opcode, shape and attributes) under
+    a new id and name, reading `operands`."""
+    clone = computation.proto.instructions.add()
+    clone.CopyFrom(proto)
+    clone.id = fresh_instruction_id(computation)
+    clone.name = _unique_name(computation, name)
+    del clone.operand_ids[:]
+    clone.operand_ids.extend(operands)
+    return clone
+
+
 def scalar_shape(element_type: int):
     """A rank-0 ShapeProto (with an empty layout, as XLA writes scalars)."""
     from disco_xla.hlo_passes.hlo_schema import ShapeProto

@@ -3,11 +3,14 @@ its data-parallel form, as Horovod's DistributedOptimizer does.
 
 For each output that is a gradient, we find the instruction that computes it
 (looking through reshape, bitcast, copy, transpose and convert, which all-reduce
-commutes with), and put `all-reduce(sum over N replicas) / N` right after it. Every
-user of the local gradient, the optimizer update as well as the output, then reads
-the mean, so all replicas apply the same update. A gradient that is an input of
-the step itself (a parameter or constant) is reduced only where it is output, since
-its other users are forward code.
+commutes with), and put `all-reduce(sum over N replicas) / N` right after it. The
+users of the local gradient that are not backward code, the optimizer update and
+the output, then read the mean, so all replicas apply the same update. Backward
+code, whatever other gradients are computed from (batch norm computes its input
+gradient from its beta gradient), keeps reading the local value, as under
+Horovod's DistributedOptimizer, which all-reduces after the whole backward pass.
+A gradient that is an input of the step itself (a parameter or constant) is
+reduced only where it is output, since its other users are forward code.
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ def insert_gradient_all_reduces(
         outputs.append(output)
 
     entry = module.entry
+    backward = _computing_a_gradient([p for p, _, _ in producers.values()])
+    users: dict[int, list[Instruction]] = {}
+    for instr in entry.instructions:
+        for operand in instr.operands:
+            users.setdefault(operand.id, []).append(instr)
     reducers: dict[int, int] = {}
     for producer, name, outputs in producers.values():
         element_type = producer.proto.shape.element_type
@@ -91,9 +99,57 @@ def insert_gradient_all_reduces(
             for output in outputs:
                 root.proto.operand_ids[output] = mean.id
         else:
-            edit.replace_uses(entry, producer.id, mean.id, keep={reduced.id})
+            edit.replace_uses(entry, producer.id, mean.id, keep=backward | {reduced.id})
+            _views_read_the_mean(entry, producer, mean.id, backward, users)
     module.rebuild()
     return True
+
+
+def _views_read_the_mean(entry, producer, mean_id, backward, users) -> None:
+    """Views of the gradient that backward code reads keep reading the local value;
+    their other users (the update, the output) get copies of those views that read
+    the mean instead."""
+    copies = {producer.id: mean_id}
+
+    def copy_of(view) -> int:
+        if view.id not in copies:
+            source = copy_of(view.operands[0])
+            clone = edit.clone_instruction(entry, view.proto, f"{view.name}.mean", [source])
+            copies[view.id] = clone.id
+        return copies[view.id]
+
+    stack = [u for u in users.get(producer.id, ()) if u.id in backward and _is_view(u)]
+    seen = set()
+    while stack:
+        view = stack.pop()
+        if view.id in seen:
+            continue
+        seen.add(view.id)
+        for user in users.get(view.id, ()):
+            if user.id in backward:
+                if _is_view(user):
+                    stack.append(user)
+                continue
+            for index, operand in enumerate(user.proto.operand_ids):
+                if operand == view.id:
+                    user.proto.operand_ids[index] = copy_of(view)
+
+
+def _is_view(instr: Instruction) -> bool:
+    return instr.opcode in _LINEAR_VIEWS and len(instr.operands) == 1
+
+
+def _computing_a_gradient(producers: list[Instruction]) -> set[int]:
+    """Ids of the gradient producers and of every instruction they are computed
+    from (the backward pass, and the forward code before it)."""
+    found = {p.id for p in producers}
+    stack = list(producers)
+    while stack:
+        for operand in stack.pop().operands:
+            if operand.id not in found:
+                found.add(operand.id)
+                stack.append(operand)
+    return found
 
 
 def _gradient_producer(value: Instruction) -> Instruction:

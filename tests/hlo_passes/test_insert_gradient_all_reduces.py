@@ -59,3 +59,48 @@ def test_no_gradients_means_no_change_and_bad_outputs_are_refused(tf_step_module
 def test_conftest_step_has_the_expected_outputs():
     fn, args, variables = _tf_train_step()
     assert variables == VARIABLES
+
+
+# A step whose weight gradient is computed from its bias gradient, as batch norm
+# computes its input gradient from its beta gradient.
+REUSED_GRADIENT = """HloModule reused
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[8] parameter(0)
+  w = f32[8] parameter(1)
+  y = f32[8] multiply(x, w)
+  dy = f32[8] tanh(y)
+  zero = f32[] constant(0)
+  grad_bias = f32[] reduce(dy, zero), dimensions={0}, to_apply=sum
+  spread = f32[8] broadcast(grad_bias), dimensions={}
+  centred = f32[8] subtract(dy, spread)
+  grad_w = f32[8] multiply(centred, x)
+  ROOT out = (f32[], f32[8]) tuple(grad_bias, grad_w)
+}
+"""
+
+
+def test_backward_code_reads_the_local_gradient_as_under_horovod():
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.plan import gradient_dependencies
+
+    module = module_from_text(REUSED_GRADIENT)
+    original = HloModule.from_bytes(module.to_bytes(), "original")
+    insert_gradient_all_reduces(module, [0, 1], replicas=2)
+    # The weight gradient's all-reduce does not wait for the bias gradient's.
+    assert len(module.gradient_all_reduces) == 2 and gradient_dependencies(module) == {}
+    single = ReplicatedProgram(original, replicas=1)
+    double = ReplicatedProgram(module, replicas=2)
+    first = random_arguments(single.parameters, seed=0)
+    second = [random_arguments(single.parameters, seed=1)[0], first[1]]  # other data
+    local = [single.run([first])[0], single.run([second])[0]]
+    together = double.run([first, second])
+    for index in range(2):  # each replica applies the mean of the local gradients
+        mean = (local[0][index] + local[1][index]) / 2
+        np.testing.assert_allclose(together[0][index], mean, rtol=1e-6, atol=1e-7)
