@@ -33,7 +33,7 @@ def measure(name: str, rounds: int) -> dict:
 
     from disco_xla.hlo_passes.graph import HloModule
     from disco_xla.planning import prepared
-    from disco_xla.runtime.jax_program import RewrittenStep
+    from disco_xla.runtime.jax_program import kept_arguments, standing_in_for
     from disco_xla.zoo.jax_steps import AXIS, build_jax_step
 
     step = build_jax_step(name, "tiny", DEVICES, 2 * DEVICES, "shard_map")
@@ -45,17 +45,9 @@ def measure(name: str, rounds: int) -> dict:
             lowered.compiler_ir("hlo").as_serialized_hlo_module_proto(), name, "memory"
         )
     )
-    kept = sorted(lowered._lowering.compile_args["kept_var_idx"])
-    avals = jax.tree_util.tree_leaves(lowered.in_avals)
-    ours = RewrittenStep(
-        module,
-        jax.tree_util.tree_leaves(compiled.input_shardings),
-        [avals[i] for i in kept],
-        jax.tree_util.tree_leaves(compiled.output_shardings),
-        jax.tree_util.tree_leaves(lowered.out_info),
-    )
+    ours = standing_in_for(module, lowered, compiled)
     leaves = jax.tree_util.tree_leaves(arguments)
-    kept_leaves = [leaves[i] for i in kept]
+    kept_leaves = [leaves[i] for i in kept_arguments(lowered)]
     times = _time_paired(
         {"jax": lambda: compiled(*arguments), "disco-xla": lambda: ours(kept_leaves)},
         rounds,

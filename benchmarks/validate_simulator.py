@@ -69,7 +69,7 @@ def _programs(step, arguments):
     from disco_xla.hlo_passes.graph import HloModule
     from disco_xla.planning import prepared
     from disco_xla.runtime.apply import NO_COMBINER, apply_plan
-    from disco_xla.runtime.jax_program import RewrittenStep
+    from disco_xla.runtime.jax_program import kept_arguments, standing_in_for
 
     lowered = step.fn.lower(*arguments)
     xla = lowered.compile()
@@ -80,18 +80,9 @@ def _programs(step, arguments):
         )
     )
     rewritten = apply_plan(module, _bucket_plan(module), "buckets", fusion=False, check=False)
-    # Arguments the step does not read are not parameters of its module.
-    kept = sorted(lowered._lowering.compile_args["kept_var_idx"])
-    leaves = [jax.tree_util.tree_leaves(arguments)[i] for i in kept]
-    avals = jax.tree_util.tree_leaves(lowered.in_avals)
-    buckets = RewrittenStep(
-        rewritten,
-        jax.tree_util.tree_leaves(xla.input_shardings),
-        [avals[i] for i in kept],
-        jax.tree_util.tree_leaves(xla.output_shardings),
-        jax.tree_util.tree_leaves(lowered.out_info),
-        NO_COMBINER,
-    )
+    all_leaves = jax.tree_util.tree_leaves(arguments)
+    leaves = [all_leaves[i] for i in kept_arguments(lowered)]
+    buckets = standing_in_for(rewritten, lowered, xla, NO_COMBINER)
     return {
         "none": (lambda: none(*arguments), _executable_module(none)),
         "xla": (lambda: xla(*arguments), _executable_module(xla)),

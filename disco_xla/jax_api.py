@@ -128,6 +128,7 @@ class OptimizedFunction(WrappedStep):
         from disco_xla.plan import Plan
         from disco_xla.planning import find_plan
         from disco_xla.runtime.agreement import AgreementError, broadcast, gather
+        from disco_xla.runtime.jax_program import kept_arguments
 
         step = next(_prepared_steps)
         wait_s = self._settings.budget_s + 600.0
@@ -147,7 +148,7 @@ class OptimizedFunction(WrappedStep):
             )
             compiled.plan = Plan.from_json(plan_json, f"<plan for {module.name}>")
             executable = lowered.compile()
-            compiled.kept = sorted(lowered._lowering.compile_args["kept_var_idx"])
+            compiled.kept = kept_arguments(lowered)
             compiled.out_tree = lowered.out_tree
             if len(leaves) != len(jax.tree_util.tree_leaves(lowered.in_avals)):
                 raise RuntimeError("the arguments do not match the lowered step")
@@ -227,7 +228,7 @@ class _Trial:
         from disco_xla.planning import rewrite
         from disco_xla.runtime.agreement import gather
         from disco_xla.runtime.apply import NO_COMBINER, check_all_reduces
-        from disco_xla.runtime.jax_program import RewrittenStep
+        from disco_xla.runtime.jax_program import standing_in_for
 
         built = {}
         for label in labels:
@@ -240,17 +241,7 @@ class _Trial:
                     if label == "reference"
                     else rewrite(self.module, plan, fusion=label == "plan", check=False)
                 )
-                program = RewrittenStep(
-                    target,
-                    jax.tree_util.tree_leaves(executable.input_shardings),
-                    [
-                        jax.tree_util.tree_leaves(self.lowered.in_avals)[i]
-                        for i in self.compiled.kept
-                    ],
-                    jax.tree_util.tree_leaves(executable.output_shardings),
-                    jax.tree_util.tree_leaves(self.lowered.out_info),
-                    NO_COMBINER,
-                )
+                program = standing_in_for(target, self.lowered, executable, NO_COMBINER)
                 if label != "reference":
                     check_all_reduces(self.module, plan, program.compiled_module())
                 built[label] = program

@@ -86,6 +86,28 @@ class RewrittenStep:
         return self._executable.execute_sharded(placed).consume_with_handlers(self._results)
 
 
+def kept_arguments(lowered) -> list[int]:
+    """Positions, among a lowered step's flattened arguments, of those its module
+    takes: JAX leaves out the arguments the step does not read."""
+    return sorted(lowered._lowering.compile_args["kept_var_idx"])
+
+
+def standing_in_for(
+    module: HloModule, lowered, executable, disabled_passes: Sequence[str] = ()
+) -> RewrittenStep:
+    """`module` compiled to stand in for the `lowered` step, whose own compile is
+    `executable`; call it with the kept arguments (`kept_arguments`)."""
+    avals = jax.tree_util.tree_leaves(lowered.in_avals)
+    return RewrittenStep(
+        module,
+        jax.tree_util.tree_leaves(executable.input_shardings),
+        [avals[i] for i in kept_arguments(lowered)],
+        jax.tree_util.tree_leaves(executable.output_shardings),
+        jax.tree_util.tree_leaves(lowered.out_info),
+        disabled_passes,
+    )
+
+
 def _check_layouts(what: str, compiled, expected, avals) -> None:
     if len(compiled) != len(expected):
         raise ShardingMismatch(
