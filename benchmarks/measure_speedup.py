@@ -137,9 +137,14 @@ def _differing(expected: list, got: list, step_args) -> list[str]:
     ]
 
 
-def _time_paired(programs: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
+def _time_paired(
+    programs: dict, rounds: int, warmup: int, warm_step: bool = False
+) -> dict[str, list[float]]:
     """Step times of each program, paired and rotating: round r runs the programs
-    in their order rotated by r; each step is blocked on before the next starts."""
+    in their order rotated by r; each step is blocked on before the next starts.
+    With `warm_step`, each timed step follows an untimed step of the same program,
+    as in a training loop (a step that follows another program's finds its buffers
+    out of cache)."""
     import jax
 
     names = list(programs)
@@ -150,6 +155,8 @@ def _time_paired(programs: dict, rounds: int, warmup: int) -> dict[str, list[flo
     for round_index in range(rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
+            if warm_step:
+                jax.block_until_ready(programs[name]())
             started = time.perf_counter()
             jax.block_until_ready(programs[name]())
             times[name].append(time.perf_counter() - started)
@@ -173,19 +180,15 @@ def _predictions(lowered, plan, cluster: str, cost_model_name: str) -> dict:
     profile = load_profile(cluster)
     cost_model = make_cost_model(cost_model_name, profile, None)
     baselines = captured_baselines(module, compile_module(module, NO_COMBINER), profile, cost_model)
-    plans = {
-        name: (baselines[name].plan, baselines[name].tuple_buckets)
-        for name in ("xla", "xla-nocombine")
-    }
+    graphs = {name: baselines[name].task_graph() for name in ("xla", "xla-nocombine")}
     if plan is not None:
-        plans["disco"] = (plan, False)
+        graphs["disco"] = build_task_graph(module, plan)
 
-    def run(chosen, tuple_buckets, ideal=None):
-        graph = build_task_graph(module, chosen, tuple_buckets)
+    def run(graph, ideal=None):
         return simulate(graph, profile, cost_model, ideal_compute_s=ideal)
 
-    compute_s = run(*plans["xla-nocombine"]).compute_s
-    results = {name: run(*chosen, compute_s) for name, chosen in plans.items()}
+    compute_s = run(graphs["xla-nocombine"]).compute_s
+    results = {name: run(graph, compute_s) for name, graph in graphs.items()}
     return {
         "profile": profile.name,
         "workers": profile.workers,

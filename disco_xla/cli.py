@@ -135,7 +135,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     with tqdm(total=len(sizes) + 1, disable=quiet, desc="calibrating", leave=False) as bar:
         if args.processes:
             runtime = "multi-process jax.distributed, gloo on loopback"
-            measured, tuple_element_s = calibrate.measure_multi_process(
+            measured, tuple_element_s, step = calibrate.measure_multi_process(
                 args.processes, sizes, args.repeats
             )
             bar.update(len(sizes))
@@ -145,10 +145,14 @@ def _calibrate(args: argparse.Namespace) -> int:
                 workers, sizes, args.repeats, lambda: bar.update(1)
             )
             tuple_element_s = calibrate.measure_tuple_element_in_process(workers, args.repeats)
+            step = calibrate.measure_step_costs_in_process(workers)
         flops, bandwidth = calibrate.measure_device()
         bar.update(1)
-    fit = calibrate.fit_ring_model(measured, workers)
-    profile = calibrate.cpu_profile(fit, workers, runtime, flops, bandwidth, tuple_element_s)
+    # The points become what each all-reduce adds to a step (`in_step_points`).
+    fit = calibrate.fit_ring_model(calibrate.in_step_points(measured, step), workers)
+    profile = calibrate.cpu_profile(
+        fit, workers, runtime, flops, bandwidth, tuple_element_s, step, measured
+    )
     try:
         with open(args.output, "w") as file:
             file.write(
@@ -167,6 +171,11 @@ def _calibrate(args: argparse.Namespace) -> int:
         "peak_flops_f32": flops,
         "memory_bandwidth_bytes_per_s": bandwidth,
         "tuple_all_reduce_element_s": tuple_element_s,
+        "step_overhead_s": step.step_overhead_s,
+        "step_buffer_s": step.step_buffer_s,
+        "empty_step_s": step.empty_step_s,
+        "kernel_time_scale": step.kernel_time_scale,
+        "all_reduce_in_step_s": step.all_reduce_in_step_s,
         "profile": args.output,
     }
     if args.json:
@@ -181,6 +190,17 @@ def _calibrate(args: argparse.Namespace) -> int:
                 f"fitted {point['fitted_s'] * 1e3:9.3f} ms  ({point['relative_residual']:+.0%})"
             )
         print(f"  each tensor of a tuple all-reduce adds {tuple_element_s * 1e6:.1f} us")
+        print(
+            f"  a step costs {step.step_overhead_s * 1e6:.1f} us + "
+            f"{step.step_buffer_s * 1e6:.2f} us per argument or result "
+            f"(an empty step: {step.empty_step_s * 1e6:.1f} us)"
+        )
+        if step.all_reduce_in_step_s is not None:
+            print(
+                f"  a 4 KB all-reduce adds {step.all_reduce_in_step_s * 1e6:.1f} us to a "
+                "computing step (the points above are as they add to one)"
+            )
+        print(f"  kernels take {step.kernel_time_scale:.2f}x their profiled time on shared cores")
         print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
         print(f"wrote {args.output}")
     return 0
@@ -218,9 +238,12 @@ def _simulate(args: argparse.Namespace) -> int:
             cost_model,
         )
         module, plan, note = chosen.module, chosen.plan, chosen.note
-        tuple_buckets = chosen.tuple_buckets
+        run_as = {
+            "tuple_buckets": chosen.tuple_buckets,
+            "collectives_block_compute": chosen.collectives_block_compute,
+        }
     else:
-        tuple_buckets = False
+        run_as = {}
         try:
             with open(args.plan) as file:
                 text = file.read()
@@ -228,7 +251,7 @@ def _simulate(args: argparse.Namespace) -> int:
             raise DiscoInputError(args.plan, f"cannot read the plan ({error.strerror})") from None
         plan = Plan.from_json(text, args.plan)
     verify_plan(plan, module, source=args.plan)
-    result = simulate(build_task_graph(module, plan, tuple_buckets), profile, cost_model)
+    result = simulate(build_task_graph(module, plan, **run_as), profile, cost_model)
     summary = {"plan": args.plan, "plan_note": note, "cluster": profile.name, **result.summary()}
     if isinstance(cost_model, TableCostModel):
         summary["table_misses"] = cost_model.misses
@@ -600,8 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--plan",
         default="none",
-        help="a baseline (none, xla, xla-nocombine, horovod, horovod-legacy, ddp, mgwfbp) "
-        "or a PLAN.json",
+        help="a baseline (none, xla, xla-overlap, xla-nocombine, horovod, horovod-legacy, "
+        "ddp, mgwfbp) or a PLAN.json",
     )
     simulate.add_argument("--cost-model", choices=["roofline", "table", "gnn"], default="roofline")
     simulate.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")

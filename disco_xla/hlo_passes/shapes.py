@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 # XLA's PrimitiveType numbers (xla_data.proto) -> (name, bits per element).
 ELEMENT_TYPES: dict[int, tuple[str, int]] = {
@@ -57,14 +58,16 @@ class Shape:
     def is_tuple(self) -> bool:
         return self.element_type == "tuple"
 
-    @property
+    # The figures below are computed once per shape object (the cost models ask
+    # for them in their inner loops).
+    @cached_property
     def elements(self) -> int:
         """Number of elements of an array shape (0 for tuples and tokens)."""
         if self.is_tuple or self.bits_per_element == 0:
             return 0
         return math.prod(max(d, 0) for d in self.dims)
 
-    @property
+    @cached_property
     def bytes(self) -> int:
         """Size in bytes; a tuple's size is the sum of its leaves."""
         if self.is_tuple:
@@ -78,6 +81,10 @@ class Shape:
         return [leaf for s in self.tuple_shapes for leaf in s.leaves()]
 
     def __str__(self) -> str:
+        return self._text
+
+    @cached_property
+    def _text(self) -> str:
         if self.is_tuple:
             return "(" + ", ".join(str(s) for s in self.tuple_shapes) + ")"
         return f"{self.element_type}[{','.join(str(d) for d in self.dims)}]"

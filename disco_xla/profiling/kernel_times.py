@@ -4,8 +4,9 @@ On XLA:CPU the profiler's `/host:CPU` plane has one event per thunk, named after
 the HLO instruction it runs, with the stats `hlo_op` and `hlo_module` (design notes
 §2). We run the program a few times under the profiler (each run blocks until its
 results are back) and take each instruction's median duration over all runs and
-devices. Profiling adds overhead (30-60% measured), so these times are for ranking
-and for the table cost model, not for wall-clock claims.
+devices. Profiling adds overhead (30-60% measured with the Python tracer on; it is
+off here), so these times are for ranking and for the table cost model, not for
+wall-clock claims.
 """
 
 from __future__ import annotations
@@ -27,9 +28,15 @@ KERNEL_PLANES = {"cpu": ("/host:CPU",), "gpu": ("/device:GPU:",)}
 
 
 def profile_kernel_times(
-    run: Callable[[], object], repeats: int = 5, platform: str = "cpu"
+    run: Callable[[], object],
+    repeats: int = 5,
+    platform: str = "cpu",
+    statistic: Callable[[list[float]], float] = statistics.median,
 ) -> dict[str, float]:
-    """Median seconds of each HLO instruction that `run` executes."""
+    """Seconds of each HLO instruction that `run` executes: the `statistic` (by
+    default the median) of its durations over all runs and devices. The mean is
+    the one whose sum predicts a step of many kernels (the sum's median tends to
+    the sum of the means), where the machine's load stretches some of them."""
     import jax
     from jax._src.lib import _profile_data
 
@@ -38,7 +45,11 @@ def profile_kernel_times(
     jax.block_until_ready(run())  # compile caches warm, first-run effects out of the trace
     samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as directory:
-        jax.profiler.start_trace(directory)
+        # Without the Python tracer: on a few cores its own work slows the kernels
+        # it is meant to time.
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0
+        jax.profiler.start_trace(directory, profiler_options=options)
         try:
             for _ in range(repeats):
                 jax.block_until_ready(run())
@@ -58,7 +69,7 @@ def profile_kernel_times(
                     name = stats.get("hlo_op") or (event.name if platform != "cpu" else None)
                     if name:
                         samples.setdefault(name, []).append(event.duration_ns * 1e-9)
-    return {name: statistics.median(times) for name, times in samples.items()}
+    return {name: statistic(times) for name, times in samples.items()}
 
 
 def kernel_time_table(compiled: HloModule, times_s: dict[str, float]) -> dict[str, float]:

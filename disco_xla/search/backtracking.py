@@ -269,7 +269,7 @@ def search(
             seed,
             on_evaluation,
             moves,
-            costs or GroupCosts(module, cost_model),
+            costs or GroupCosts(module, cost_model, profile.kernel_time_scale),
         )
     finally:
         if collecting:

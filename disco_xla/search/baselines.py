@@ -3,8 +3,16 @@
 - `none`: no op fusion, one all-reduce per gradient.
 - `xla`: XLA's fusion and combiner as compiled. On CPU profiles that is XLA:CPU's
   one combined all-reduce; on GPU profiles XLA:GPU's combiner is modelled instead:
-  groups of up to 30 MB, each sent once its last member is ready.
-- `xla-nocombine`: XLA's fusion, one all-reduce per gradient.
+  groups of up to 30 MB, each sent once its last member is ready. XLA:GPU's
+  latency-hiding scheduler is off by default (design notes §5), and without it
+  XLA does not overlap a collective with compute (NVIDIA's JAX-Toolbox GPU
+  performance guide: overlap needs `--xla_gpu_enable_latency_hiding_scheduler`),
+  so on GPU profiles each all-reduce holds the compute stream until it ends.
+- `xla-overlap`: as `xla`, with the latency-hiding scheduler on: on GPU profiles
+  the 30 MB groups run beside compute. XLA:CPU has no asynchronous collectives,
+  so on CPU profiles it is `xla`.
+- `xla-nocombine`: XLA's fusion, one all-reduce per gradient (on GPU profiles
+  in line with compute, as `xla`).
 - `horovod`: a 128 MB fusion buffer filled every 1 ms cycle; `horovod-legacy`:
   64 MB and 5 ms (Horovod before v0.21).
 - `ddp`: 25 MB buckets in the order gradients become ready, the first 1 MB.
@@ -36,7 +44,19 @@ from disco_xla.simulator.profiles import ClusterProfile
 
 MB = 1 << 20
 XLA_GPU_COMBINE_BYTES = 30 * MB  # xla_gpu_all_reduce_combine_threshold_bytes
-BASELINES = ("none", "xla", "xla-nocombine", "horovod", "horovod-legacy", "ddp", "mgwfbp")
+BASELINES = (
+    "none",
+    "xla",
+    "xla-overlap",
+    "xla-nocombine",
+    "horovod",
+    "horovod-legacy",
+    "ddp",
+    "mgwfbp",
+)
+# The baselines XLA runs itself: on GPU profiles their collectives hold the compute
+# stream (the latency-hiding scheduler is off by default).
+RUN_BY_XLA = ("xla", "xla-nocombine")
 # (name, bytes) of each gradient all-reduce, in the order the gradients become ready.
 Gradients = list[tuple[str, int]]
 
@@ -119,9 +139,13 @@ class Baseline:
     # concatenations a plan's buckets become: simulate with
     # `build_task_graph(module, plan, tuple_buckets=True)`.
     tuple_buckets: bool = False
+    # Each collective holds the compute stream until it ends (XLA:GPU's default).
+    collectives_block_compute: bool = False
 
     def task_graph(self) -> TaskGraph:
-        return build_task_graph(self.module, self.plan, self.tuple_buckets)
+        return build_task_graph(
+            self.module, self.plan, self.tuple_buckets, self.collectives_block_compute
+        )
 
 
 def baseline(
@@ -144,7 +168,7 @@ def baseline(
         raise ValueError(f"the {name} baseline needs the module compiled by XLA")
     gpu = profile.execution == "gpu-streams"
     fusion_note = "XLA:CPU's fusion" + (" (standing in for XLA:GPU's)" if gpu else "")
-    if name == "xla" and not gpu:
+    if name in ("xla", "xla-overlap") and not gpu:
         plan = Plan.unfused(compiled_combined)
         return Baseline(
             name, compiled_combined, plan, f"{fusion_note}, XLA:CPU's combined all-reduce"
@@ -153,29 +177,13 @@ def baseline(
     singletons = simulate(build_task_graph(compiled_separate, separate), profile, cost_model)
     ready = singletons.collective_ready_s
     gradients = gradients_in_ready_order(compiled_separate, ready)
-    if name == "xla":
-        buckets = threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES)
-        note = "XLA:GPU's combiner modelled: up to 30 MB per all-reduce"
-    elif name == "xla-nocombine":
-        buckets = tuple((g,) for g, _ in gradients)
-        note = "one all-reduce per gradient"
-    elif name in ("horovod", "horovod-legacy"):
-        cycle_s, limit = (1e-3, 128 * MB) if name == "horovod" else (5e-3, 64 * MB)
-        buckets = cycle_buckets(gradients, ready, cycle_s, limit)
-        note = f"{limit // MB} MB fusion buffer, {cycle_s * 1e3:.0f} ms cycle"
-    elif name == "ddp":
-        buckets = threshold_buckets(gradients, 25 * MB, first_bytes=1 * MB)
-        note = "25 MB buckets, the first 1 MB"
-    else:  # mgwfbp
-        alpha = all_reduce_s(1, profile)
-
-        def comm(size: int) -> float:
-            return all_reduce_s(size, profile)
-
-        buckets = mgwfbp_buckets(gradients, ready, comm, alpha)
-        note = f"MG-WFBP merging with alpha {alpha * 1e6:.1f} us"
+    buckets, note = bucket_rules(name, gradients, ready, profile)
     return Baseline(
-        name, compiled_separate, with_buckets(separate, buckets), f"{fusion_note}, {note}"
+        name,
+        compiled_separate,
+        with_buckets(separate, buckets),
+        f"{fusion_note}, {note}",
+        collectives_block_compute=gpu and name in RUN_BY_XLA,
     )
 
 
@@ -219,15 +227,25 @@ def bucket_rules(
 ) -> tuple[tuple[tuple[str, ...], ...], str]:
     """The buckets baseline `name` makes of `gradients` (in ready order), and a note."""
     gpu = profile.execution == "gpu-streams"
-    if name == "xla" and not gpu:
+    if name in ("xla", "xla-overlap") and not gpu:
         return (tuple(g for g, _ in gradients),), "XLA:CPU's combined all-reduce"
     if name == "xla":
         return (
             threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES),
-            "XLA:GPU's combiner modelled: up to 30 MB per all-reduce",
+            "XLA:GPU's combiner modelled: up to 30 MB per all-reduce, each holding "
+            "the compute stream (latency-hiding scheduler off)",
+        )
+    if name == "xla-overlap":
+        return (
+            threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES),
+            "XLA:GPU's combiner modelled: up to 30 MB per all-reduce, beside compute "
+            "(latency-hiding scheduler on)",
         )
     if name in ("xla-nocombine", "none"):
-        return tuple((g,) for g, _ in gradients), "one all-reduce per gradient"
+        note = "one all-reduce per gradient"
+        return tuple((g,) for g, _ in gradients), note + (
+            ", each holding the compute stream" if gpu and name != "none" else ""
+        )
     if name in ("horovod", "horovod-legacy"):
         cycle_s, limit = (1e-3, 128 * MB) if name == "horovod" else (5e-3, 64 * MB)
         return (
@@ -288,6 +306,13 @@ def captured_baselines(
             note = f"{note} is not legal here ({error}); one all-reduce per gradient instead"
         # XLA:CPU's combiner makes one tuple all-reduce; XLA:GPU's sends each
         # combined group as one message.
-        tuple_buckets = name == "xla" and not gpu
-        baselines[name] = Baseline(name, module, plan, f"{fusion_note}, {note}", tuple_buckets)
+        tuple_buckets = name in ("xla", "xla-overlap") and not gpu
+        baselines[name] = Baseline(
+            name,
+            module,
+            plan,
+            f"{fusion_note}, {note}",
+            tuple_buckets,
+            collectives_block_compute=gpu and name in RUN_BY_XLA,
+        )
     return baselines

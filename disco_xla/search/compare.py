@@ -62,12 +62,11 @@ def compare_plans(
     progress callback of each search."""
     baselines = captured_baselines(module, compiled_separate, profile, cost_model)
 
-    def run(plan, ideal=None, tuple_buckets=False) -> SimulationResult:
-        graph = build_task_graph(module, plan, tuple_buckets)
+    def run(graph, ideal=None) -> SimulationResult:
         return simulate(graph, profile, cost_model, ideal_compute_s=ideal)
 
-    xla_compute_s = run(baselines["xla-nocombine"].plan).compute_s
-    results = {name: run(b.plan, xla_compute_s, b.tuple_buckets) for name, b in baselines.items()}
+    xla_compute_s = run(build_task_graph(module, baselines["xla-nocombine"].plan)).compute_s
+    results = {name: run(b.task_graph(), xla_compute_s) for name, b in baselines.items()}
 
     def best_of(names) -> Plan:
         return baselines[min(names, key=lambda n: (results[n].iteration_s, n))].plan
@@ -76,7 +75,7 @@ def compare_plans(
     # that one anyway), so it need not simulate the others again.
     best_baseline = best_of(BASELINES)
     best_xla_fused = best_of([name for name in BASELINES if name != "none"])
-    costs = GroupCosts(module, cost_model)
+    costs = GroupCosts(module, cost_model, profile.kernel_time_scale)
     searches: dict[str, SearchResult] = {}
     plans = {
         "fusion-only": ("fusion", [best_baseline, greedy_fusion_plan(module)]),
@@ -101,7 +100,7 @@ def compare_plans(
             moves=moves,
             costs=costs,
         )
-        results[label] = run(searches[label].plan, xla_compute_s)
+        results[label] = run(build_task_graph(module, searches[label].plan), xla_compute_s)
     return Comparison(baselines, {name: results[name] for name in ROWS}, searches)
 
 

@@ -30,9 +30,18 @@ to the captured instructions:
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
+from typing import NamedTuple
 
+from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import HloModule, Instruction
-from disco_xla.plan import EXPENSIVE_OPCODES, NOT_FUSIBLE_OPCODES, Plan, compute_instructions
+from disco_xla.plan import (
+    EXPENSIVE_OPCODES,
+    NOT_FUSIBLE_OPCODES,
+    Plan,
+    compute_instructions,
+    verify_plan,
+)
 
 # A kernel number: (position in XLA's schedule, tie-breaker for kernels we add).
 KernelLabel = tuple[int, int]
@@ -94,16 +103,30 @@ def _strip_prefix(op_name: str, known: set[str], cache: dict[str, str | None]) -
     return found
 
 
-def xla_kernel_candidates(captured: HloModule, compiled: HloModule) -> dict[str, list[int]]:
+class KernelCandidates(NamedTuple):
     """For each captured compute instruction that XLA's kernels account for, the
     kernels (indices in the compiled schedule, ascending) that hold an instruction
-    with its op_name and opcode, or failing that its op_name alone. XLA may have
-    copied one instruction into several kernels, hence a list."""
+    with its op_name and opcode, or failing that its op_name alone (`kernels`).
+    XLA may have copied one instruction into several kernels, hence a list. One
+    op_name can also stand for many instructions (an optimizer's update, mapped
+    over every parameter, has the same op_name for each): `capacity` counts, per
+    (kernel, what was matched), how many compiled instructions a kernel holds, so
+    that each kernel takes no more captured instructions than that (`matched`
+    says what was matched for each instruction)."""
+
+    kernels: dict[str, list[int]]
+    matched: dict[str, tuple]
+    capacity: dict[tuple[int, tuple], int]
+
+
+def xla_kernel_candidates(captured: HloModule, compiled: HloModule) -> KernelCandidates:
+    """Where XLA's kernels put each captured compute instruction (`KernelCandidates`)."""
     compute = compute_instructions(captured)
     names = {id(i): full_op_name(i) for i in compute}
     known = set(names.values())
     by_key: dict[tuple[str, str], set[int]] = defaultdict(set)
     by_name: dict[str, set[int]] = defaultdict(set)
+    capacity: dict[tuple[int, tuple], int] = defaultdict(int)
     cache: dict[str, str | None] = {}
     for index, inside in enumerate(_compiled_kernels(compiled)):
         for op_name, opcode in inside:
@@ -111,13 +134,20 @@ def xla_kernel_candidates(captured: HloModule, compiled: HloModule) -> dict[str,
             if name:
                 by_key[(name, opcode)].add(index)
                 by_name[name].add(index)
-    candidates = {}
+                capacity[(index, (name, opcode))] += 1
+                capacity[(index, (name,))] += 1
+    kernels, matched = {}, {}
     for instr in compute:
         name = names[id(instr)]
-        found = by_key.get((name, instr.opcode)) or by_name.get(name)
+        key = (name, instr.opcode)
+        found = by_key.get(key)
+        if not found:
+            key = (name,)
+            found = by_name.get(name)
         if found:
-            candidates[instr.name] = sorted(found)
-    return candidates
+            kernels[instr.name] = sorted(found)
+            matched[instr.name] = key
+    return KernelCandidates(kernels, matched, dict(capacity))
 
 
 def _fits(label: KernelLabel, bound, expensive) -> bool:
@@ -141,7 +171,9 @@ def xla_fusion_groups(captured: HloModule, compiled: HloModule) -> tuple[tuple[s
     that keeps the numbers rising; an instruction without candidates joins its
     producer (a reshape XLA made a bitcast) or its users' earliest candidate (a
     broadcast folded into its users)."""
-    candidates = xla_kernel_candidates(captured, compiled)
+    found = xla_kernel_candidates(captured, compiled)
+    candidates, matched, capacity = found.kernels, found.matched, found.capacity
+    taken: dict[tuple[int, tuple], int] = defaultdict(int)
     compute = compute_instructions(captured)
     is_compute = {id(i) for i in compute}
     lowest: KernelLabel = (-1, 0)
@@ -166,11 +198,15 @@ def xla_fusion_groups(captured: HloModule, compiled: HloModule) -> tuple[tuple[s
             is_expensive = instr.opcode in EXPENSIVE_OPCODES
 
             bound = (from_kernels, from_others, is_expensive)
+            latest_input = max(from_kernels, from_others)
             own = [
                 (k, 0)
                 for k in candidates.get(instr.name, ())
-                if not producer_labels or k <= from_kernels[0] + CANDIDATE_REACH
+                if latest_input == lowest or k <= latest_input[0] + CANDIDATE_REACH
             ]
+            key = matched.get(instr.name)
+            with_room = [lab for lab in own if taken[(lab[0], key)] < capacity[(lab[0], key)]]
+            own = with_room or own
             choice = next((lab for lab in own if lab in producer_labels), None)
             if choice is None or not _fits(choice, bound, expensive):
                 choice = next((lab for lab in own if _fits(lab, bound, expensive)), None)
@@ -185,18 +221,101 @@ def xla_fusion_groups(captured: HloModule, compiled: HloModule) -> tuple[tuple[s
                 fresh += 1
                 choice = (max(from_kernels, from_others, lowest)[0], fresh)
             label_of[id(instr)] = choice
+            taken[(choice[0], key)] += 1
             expensive[choice] += is_expensive
             members.setdefault((computation.name, choice), []).append(instr.name)
     ordered = sorted(members.items(), key=lambda item: (item[0][1], item[0][0]))
     return tuple(tuple(names) for _, names in ordered)
 
 
+def _free(name: str, by_name: dict[str, Instruction]) -> bool:
+    """An instruction XLA emits no work for of its own (a bitcast-like reshape, a
+    value copied into its readers)."""
+    instr = by_name[name]
+    return instr.opcode in ("reshape", "bitcast") or _shared_freely(instr)
+
+
+def _shared_freely(instr: Instruction) -> bool:
+    """A value XLA copies into every kernel that reads it (a scalar, a broadcast)."""
+    return instr.opcode == "broadcast" or instr.shape.elements <= 1
+
+
+def _union_find_root(parent: dict[str, str]):
+    def root(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    return root
+
+
+def split_unconnected(groups: tuple[tuple[str, ...], ...], module: HloModule):
+    """Each group cut into the parts that no data edge inside it joins.
+
+    The mapping of step 2 matches by op_name, and an op_name can stand for many
+    instructions (an optimizer's update mapped over every parameter): it can put
+    the updates of many parameters into one group, which XLA never made (it
+    emits separate kernels for them). A kernel XLA makes is joined by data edges,
+    except through a value it copies into each part (a scalar, a broadcast): such
+    a value goes with the first part that reads it."""
+    by_name = {i.name: i for i in module.instructions()}
+    result: list[tuple[str, ...]] = []
+    for group in groups:
+        if len(group) == 1:
+            result.append(group)
+            continue
+        parent = {name: name for name in group}
+        root = _union_find_root(parent)
+        claimed: set[str] = set()
+        for name in group:  # the group is in topological order
+            for operand in by_name[name].operands:
+                if operand.name not in parent:
+                    continue
+                if _shared_freely(operand):
+                    if operand.name in claimed:
+                        continue
+                    claimed.add(operand.name)
+                parent[root(operand.name)] = root(name)
+        parts: dict[str, list[str]] = {}
+        for name in group:
+            parts.setdefault(root(name), []).append(name)
+        # A part of reshapes and broadcasts alone would be no kernel under XLA (a
+        # bitcast, or a value copied into its readers): it stays with a part it
+        # touches, else with the first part that does real work.
+        working = [key for key, part in parts.items() if not all(_free(n, by_name) for n in part)]
+        for key, part in list(parts.items()):
+            if key in working or not working:
+                continue
+            touched = [
+                root(other.name)
+                for name in part
+                for other in by_name[name].operands + by_name[name].users
+                if other.name in parent and root(other.name) != key
+            ]
+            parent[key] = touched[0] if touched else working[0]
+        parts = {}
+        for name in group:
+            parts.setdefault(root(name), []).append(name)
+        result.extend(tuple(part) for part in parts.values())
+    return tuple(result)
+
+
 def xla_fusion_plan(captured: HloModule, compiled: HloModule) -> Plan:
-    """XLA's fusion over the captured module, one all-reduce per gradient."""
+    """XLA's fusion over the captured module, one all-reduce per gradient. Groups
+    that the mapping joined without a data edge are cut apart (`split_unconnected`)
+    where the result stays legal."""
     unfused = Plan.unfused(captured)
-    return Plan(
+    groups = xla_fusion_groups(captured, compiled)
+    plan = Plan(
         module_name=unfused.module_name,
         fingerprint=unfused.fingerprint,
-        fusion_groups=xla_fusion_groups(captured, compiled),
+        fusion_groups=groups,
         all_reduce_buckets=unfused.all_reduce_buckets,
     )
+    cut = replace(plan, fusion_groups=split_unconnected(groups, captured))
+    try:
+        verify_plan(cut, captured)
+    except DiscoInputError:
+        return plan
+    return cut

@@ -6,8 +6,15 @@ least-squares fit over sizes from 4 KB to 256 MB gives both. Two runtimes:
 N CPU devices in one process, or N `jax.distributed` processes on loopback (gloo).
 The same run measures this machine's f32 matmul rate and memory bandwidth, and
 what each tensor of a tuple all-reduce (XLA:CPU's combined all-reduce) adds:
-(T(tuple of k tensors) - T(their bytes as one tensor)) / (k - 1). It writes a
+(T(tuple of k tensors) - T(their bytes as one tensor)) / (k - 1), and what a
+step costs beyond its kernels and all-reduces (see `StepCosts`). It writes a
 `cpu-threads` profile.
+
+Each all-reduce point is what an all-reduce of that size adds to a computing
+step (`in_step_points`): the wall time of a step that runs only that psum, less
+the least such time, plus what the smallest size measured inside a computing
+step. The step's own dispatch is counted once per step (`step_overhead_s`,
+`step_buffer_s`), not once per all-reduce.
 """
 
 from __future__ import annotations
@@ -29,6 +36,15 @@ SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
 # The tuple all-reduce probe: 16 tensors of 16 KB against one of 256 KB.
 TUPLE_TENSORS, TUPLE_TENSOR_BYTES = 16, 16 * 1024
 _RESULT_MARK = "disco-xla-calibration: "
+# The empty-step probe: steps of 1 and of STEP_PAIRS (argument, result) pairs,
+# each timed over STEP_RUNS runs (a step takes tens of microseconds).
+STEP_PAIRS, STEP_RUNS = 64, 200
+# The compute probe (`compute_probe`), timed over PROBE_RUNS runs and traced
+# over PROBE_TRACED_RUNS.
+PROBE_LAYERS, PROBE_CHANNELS, PROBE_RUNS, PROBE_TRACED_RUNS = 8, 32, 30, 8
+# The in-step all-reduce probe (`in_step_probe`): IN_STEP_ROUNDS all-reduces of
+# IN_STEP_BYTES (the smallest calibrated size), each after IN_STEP_KERNELS kernels.
+IN_STEP_ROUNDS, IN_STEP_KERNELS, IN_STEP_BYTES, IN_STEP_RUNS = 16, 8, 4096, 40
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,241 @@ def fit_ring_model(measured: list[tuple[int, float]], workers: int) -> Fit:
         for s, t, f in zip(sizes, times, fitted, strict=True)
     ]
     return Fit(alpha, 1.0 / inverse_bandwidth, points)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """What a step costs on this runtime beyond the kernel and all-reduce times.
+
+    - The host's cost, from empty steps (each of its k results is its argument
+      times 2) over all the workers: T(k) = step_overhead_s + 2k·step_buffer_s.
+      It is dispatching the step to every worker (JAX's argument checks and
+      placement, the runtime launching each device's program, one after another)
+      and handing back its results. A training step's arguments and results are
+      its parameters and optimizer state, so the per-buffer term grows with the
+      model's tensor count. Measured with k = 1 and k = STEP_PAIRS; one tiny
+      kernel per result is inside the per-buffer term.
+    - `kernel_time_scale`: wall time per second of profiled kernel time while
+      every worker computes at once. The workers share this machine's cores (and
+      other processes may too): a worker's kernels wait for a core while another
+      worker's kernel runs, which the profiler's kernel durations do not show.
+      Measured on a probe (`compute_probe`): (T_probe - T(1)) / (median over
+      workers and runs of its kernels' summed durations in a profiler trace).
+    - `all_reduce_in_step_s`: what one all-reduce of IN_STEP_BYTES adds to a step
+      whose workers compute between all-reduces (`in_step_probe`), against
+      what it takes alone in a step (the smallest all-reduce point): there the
+      workers start it one after another, inside a step they reach it together."""
+
+    step_overhead_s: float
+    step_buffer_s: float
+    empty_step_s: float  # T(1): one argument, one result
+    kernel_time_scale: float = 1.0
+    all_reduce_in_step_s: float | None = None
+
+    @classmethod
+    def from_times(
+        cls,
+        one_pair_s: float,
+        many_pairs_s: float,
+        probe_s: float | None = None,
+        probe_kernel_s: float | None = None,
+        all_reduce_in_step_s: float | None = None,
+    ) -> StepCosts:
+        buffer_s = max(0.0, (many_pairs_s - one_pair_s) / (2 * (STEP_PAIRS - 1)))
+        scale = 1.0
+        if probe_s is not None and probe_kernel_s:
+            scale = max(probe_s - one_pair_s, 0.0) / probe_kernel_s or 1.0
+        return cls(
+            max(0.0, one_pair_s - 2 * buffer_s), buffer_s, one_pair_s, scale, all_reduce_in_step_s
+        )
+
+
+def _empty_steps(mesh, place: Callable) -> dict[int, Callable[[], object]]:
+    """{pairs: a call of the empty step with that many (argument, result) pairs}
+    over `mesh`; `place(array)` makes a replicated global array of one local one."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    steps = {}
+    for pairs in (1, STEP_PAIRS):
+        step = jax.jit(
+            jax.shard_map(
+                lambda *xs: tuple(x * 2 for x in xs), mesh=mesh, in_specs=P(), out_specs=P()
+            )
+        )
+        arguments = [place(np.full((8,), i, np.float32)) for i in range(pairs)]
+        steps[pairs] = lambda step=step, arguments=arguments: jax.block_until_ready(
+            step(*arguments)
+        )
+    return steps
+
+
+def compute_probe(mesh, place: Callable, place_split: Callable) -> Callable[[], object]:
+    """A call of the compute probe over `mesh`: on each worker, the gradient of
+    a loss over PROBE_LAYERS layers of a 3x3 convolution (PROBE_CHANNELS
+    channels, a 4x16x16 batch), ReLU and a normalisation, XLA's fusion on: a
+    training step's big and small kernels and its independent branches (each
+    weight's gradient beside the backward pass), and no collective.
+    `place_split(local)` makes a global array split over the workers from this
+    worker's part."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def loss(weights, x):
+        for weight in weights:
+            x = jax.lax.conv_general_dilated(
+                x, weight, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            )
+            x = jax.nn.relu(x)
+            x = x / (1 + jnp.mean(x * x))
+        return jnp.mean(x)
+
+    def gradients(x, weights):
+        return jax.grad(loss)(weights, x)
+
+    axis = mesh.axis_names[0]
+    step = jax.jit(
+        jax.shard_map(
+            gradients, mesh=mesh, in_specs=(P(axis), P()), out_specs=P(axis), check_vma=False
+        )
+    )
+    batch = place_split(np.ones((4, 16, 16, PROBE_CHANNELS), np.float32))
+    shape = (3, 3, PROBE_CHANNELS, PROBE_CHANNELS)
+    weights = [place(np.full(shape, 0.01, np.float32)) for _ in range(PROBE_LAYERS)]
+    return lambda: jax.block_until_ready(step(batch, weights))
+
+
+def traced_kernel_s(run: Callable[[], object], runs: int) -> float:
+    """The median, over runs and this process's devices, of the summed durations
+    of the kernels one run of `run` executes (the profiler's `/host:CPU` plane has
+    one event per thunk, with stats `hlo_op`, `run_id` and `device_ordinal`)."""
+    import glob
+    import statistics
+    import tempfile
+
+    import jax
+    from jax._src.lib import _profile_data
+
+    sums: dict[tuple, float] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0
+        jax.profiler.start_trace(directory, profiler_options=options)
+        try:
+            for _ in range(runs):
+                run()
+        finally:
+            jax.profiler.stop_trace()
+        trace = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)
+        if not trace:
+            raise RuntimeError("the JAX profiler wrote no trace")
+        for plane in _profile_data.ProfileData.from_file(trace[0]).planes:
+            if not plane.name.startswith("/host:CPU"):
+                continue
+            for line in plane.lines:
+                for event in line.events:
+                    stats = dict(event.stats)
+                    if "hlo_op" in stats:
+                        key = (stats.get("run_id"), stats.get("device_ordinal"))
+                        sums[key] = sums.get(key, 0.0) + event.duration_ns * 1e-9
+    if not sums:
+        raise RuntimeError("the profiler trace of the compute probe holds no kernels")
+    return statistics.median(sums.values())
+
+
+def in_step_probe(mesh, place_split: Callable, all_reduce: bool) -> Callable[[], object]:
+    """A call of a step that runs IN_STEP_ROUNDS times a chain of IN_STEP_KERNELS
+    elementwise kernels (XLA's fusion off, so each is a kernel) on a vector of
+    IN_STEP_BYTES per worker, each chain followed by an all-reduce of the vector
+    when `all_reduce` (else not)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    axis = mesh.axis_names[0]
+
+    def rounds(x):
+        for _ in range(IN_STEP_ROUNDS):
+            for _ in range(IN_STEP_KERNELS):
+                x = jnp.sin(x)
+            if all_reduce:
+                x = jax.lax.psum(x, axis)
+        return x
+
+    vector = place_split(np.ones((IN_STEP_BYTES // 4,), np.float32))
+    step = (
+        jax.jit(jax.shard_map(rounds, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+        .lower(vector)
+        .compile(compiler_options={"xla_disable_hlo_passes": "fusion"})
+    )
+    return lambda: jax.block_until_ready(step(vector))
+
+
+def all_reduce_in_step_s(mesh, place_split: Callable) -> float:
+    """What one all-reduce adds to a computing step: the median of paired,
+    alternating runs of `in_step_probe` with and without its all-reduces, the
+    difference divided by their count (at least 0)."""
+    import statistics
+    import time
+
+    calls = [in_step_probe(mesh, place_split, flag) for flag in (True, False)]
+    for call in calls * 3:
+        call()
+    times: list[list[float]] = [[], []]
+    for round_index in range(IN_STEP_RUNS):
+        for which in (0, 1) if round_index % 2 else (1, 0):
+            started = time.perf_counter()
+            calls[which]()
+            times[which].append(time.perf_counter() - started)
+    with_s, without_s = map(statistics.median, times)
+    return max(0.0, (with_s - without_s) / IN_STEP_ROUNDS)
+
+
+def measure_step_costs(mesh, place: Callable, place_split: Callable) -> StepCosts:
+    """`StepCosts` of the workers of `mesh` (see `_empty_steps`, `compute_probe`,
+    `in_step_probe`); every worker must call it at the same time."""
+    steps = _empty_steps(mesh, place)
+    probe = compute_probe(mesh, place, place_split)
+    one_pair_s = median_seconds(steps[1], STEP_RUNS, warmup=10)
+    many_pairs_s = median_seconds(steps[STEP_PAIRS], STEP_RUNS, warmup=10)
+    probe_s = median_seconds(probe, PROBE_RUNS, warmup=3)
+    return StepCosts.from_times(
+        one_pair_s,
+        many_pairs_s,
+        probe_s,
+        traced_kernel_s(probe, PROBE_TRACED_RUNS),
+        all_reduce_in_step_s(mesh, place_split),
+    )
+
+
+def measure_step_costs_in_process(devices: int) -> StepCosts:
+    """`StepCosts` over `devices` CPU devices of this process."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices("cpu")[:devices]), ("d",))
+    return measure_step_costs(
+        mesh,
+        lambda x: jax.device_put(x, NamedSharding(mesh, P())),
+        lambda x: jax.device_put(np.concatenate([x] * devices), NamedSharding(mesh, P("d"))),
+    )
+
+
+def in_step_points(measured: list[tuple[int, float]], step: StepCosts) -> list[tuple[int, float]]:
+    """All-reduce times as they add to a computing step: each measured time (a
+    step of that psum alone) less the least of them (the latency of a psum step
+    alone; the least, since a single size can stall), plus what the smallest size
+    measured inside a computing step (`StepCosts.all_reduce_in_step_s`): the
+    size-dependent part comes from the points, the fixed part from the step. No
+    point goes below that in-step time. Without that measurement, each time less
+    the empty step's, and at least 1% of it (a profile's points must be positive)."""
+    if step.all_reduce_in_step_s is None:
+        return [(size, max(t - step.empty_step_s, 0.01 * t)) for size, t in measured]
+    in_step_s = max(step.all_reduce_in_step_s, 1e-9)
+    offset_s = min(seconds for _, seconds in measured) - in_step_s
+    return [(size, max(seconds - offset_s, in_step_s)) for size, seconds in measured]
 
 
 def _time_call(fn: Callable, argument, repeats: int) -> float:
@@ -149,9 +400,9 @@ def measure_device(repeats: int = 5) -> tuple[float, float]:
 
 def measure_multi_process(
     processes: int, sizes: list[int], repeats: int, timeout_s: float = 900
-) -> tuple[list[tuple[int, float]], float]:
-    """All-reduce times over `processes` jax.distributed processes on loopback,
-    and `_tuple_element_s` there."""
+) -> tuple[list[tuple[int, float]], float, StepCosts]:
+    """All-reduce times over `processes` jax.distributed processes on loopback
+    (whole psum steps), `_tuple_element_s` and the `StepCosts` there."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -187,7 +438,8 @@ def measure_multi_process(
     if not marked:
         raise RuntimeError("calibration process 0 reported no result")
     result = json.loads(marked[-1][len(_RESULT_MARK) :])
-    return [tuple(point) for point in result["points"]], result["tuple_element_s"]
+    points = [tuple(point) for point in result["points"]]
+    return points, result["tuple_element_s"], StepCosts(*result["step"])
 
 
 def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]) -> None:
@@ -215,9 +467,25 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
     local = np.ones((TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4,), np.float32)
     data = jax.make_array_from_process_local_data(sharding, local)
     tuple_element_s = _tuple_element_s(as_tuple, as_one, data, repeats)
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
+    step = measure_step_costs(
+        mesh,
+        lambda x: jax.make_array_from_process_local_data(replicated, x),
+        lambda x: jax.make_array_from_process_local_data(split, x),
+    )
     jax.distributed.shutdown()
     if rank == 0:
-        result = {"points": measured, "tuple_element_s": tuple_element_s}
+        result = {
+            "points": measured,
+            "tuple_element_s": tuple_element_s,
+            "step": [
+                step.step_overhead_s,
+                step.step_buffer_s,
+                step.empty_step_s,
+                step.kernel_time_scale,
+                step.all_reduce_in_step_s,
+            ],
+        }
         print(_RESULT_MARK + json.dumps(result), flush=True)
 
 
@@ -228,8 +496,11 @@ def cpu_profile(
     flops: float,
     bandwidth: float,
     tuple_element_s: float = 0.0,
+    step: StepCosts | None = None,
+    psum_steps: list[tuple[int, float]] | None = None,
 ) -> dict:
-    """The `cpu-threads` profile of this machine as a plain mapping for YAML."""
+    """The `cpu-threads` profile of this machine as a plain mapping for YAML.
+    `psum_steps`: the measured times the fitted points were made from (recorded)."""
     link = {"bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "latency_s": fit.alpha_s}
     return {
         "name": "cpu-local",
@@ -251,8 +522,26 @@ def cpu_profile(
         "links": {"intra_node": dict(link), "inter_node": dict(link)},
         "all_reduce": "ring",
         "tuple_all_reduce_element_s": float(tuple_element_s),
+        **(
+            {
+                "step_overhead_s": float(step.step_overhead_s),
+                "step_buffer_s": float(step.step_buffer_s),
+                "kernel_time_scale": float(step.kernel_time_scale),
+            }
+            if step is not None
+            else {}
+        ),
         "calibration": {
             "runtime": runtime,
+            **(
+                {
+                    "empty_step_s": float(step.empty_step_s),
+                    "all_reduce_in_step_s": step.all_reduce_in_step_s,
+                }
+                if step is not None
+                else {}
+            ),
+            **({"psum_step_s": [[int(b), float(t)] for b, t in psum_steps]} if psum_steps else {}),
             "max_relative_residual": fit.max_relative_residual,
             "points": fit.points,
         },

@@ -5,6 +5,9 @@
 - hierarchical over n nodes of g devices: reduce-scatter inside each node, a ring
   across nodes on each device's 1/g shard, then all-gather inside the node:
   T(S) = 2·[(g-1)·alpha_in + (g-1)/g · S/B_in] + 2(n-1)·alpha_out + 2(n-1)/n · S/(g·B_out)
+  with B_out the bandwidth each device has between nodes. When one adapter serves
+  the whole node (`per: node` in the profile), the g rings share it: B_out is the
+  adapter's bandwidth / g, and the last term is 2(n-1)/n · S/B_adapter.
 
 A flat ring over several nodes runs at the slowest link's speed.
 
@@ -85,5 +88,8 @@ def all_reduce_s(size_bytes: float, profile: ClusterProfile) -> float:
             size_bytes / profile.intra_node.bandwidth_bytes_per_s
         )
         inside = 2 * one_way  # reduce-scatter, then all-gather
-    across = ring_all_reduce_s(size_bytes / per_node, nodes, profile.inter_node)
+    link = profile.inter_node
+    if link.shared_by_node:  # the node's devices run their rings through one adapter
+        link = Link(link.bandwidth_bytes_per_s / per_node, link.latency_s)
+    across = ring_all_reduce_s(size_bytes / per_node, nodes, link)
     return inside + across

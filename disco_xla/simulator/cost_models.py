@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -24,6 +25,8 @@ from disco_xla.simulator.profiles import ClusterProfile
 # A kernel cost function: kernel -> predicted seconds.
 KernelCostFn = Callable[[Kernel], float]
 
+# Up to this many kernels, `RooflineCostModel.kernels_s` computes one at a time.
+SCALAR_KERNELS = 8
 # Default fraction of peak reached, by the most expensive op class in a kernel.
 DEFAULT_EFFICIENCY = {"dot": 0.7, "convolution": 0.6, "reduce": 0.5, "elementwise": 0.5}
 
@@ -58,10 +61,18 @@ class RooflineCostModel:
         return max(compute_s, memory_s) + profile.kernel_launch_s
 
     def kernels_s(self, graph: TaskGraph) -> list[float]:
-        """The same formula over arrays of every kernel's FLOPs and bytes."""
-        arrays = graph.kernel_arrays
+        """The same formula over arrays of every kernel's FLOPs and bytes (for a
+        few kernels, such as the new kernels of a search move, the same float64
+        operations one kernel at a time, which is faster than building arrays)."""
         profile = self.profile
         default_peak = profile.peak_flops.get("f32", next(iter(profile.peak_flops.values())))
+        kernels = getattr(graph, "kernels", None)  # callers may pass the arrays alone
+        if kernels is not None and len(kernels) <= SCALAR_KERNELS:
+            try:
+                return [self._batched_kernel_s(kernel, default_peak) for kernel in kernels]
+            except ZeroDivisionError:
+                pass  # numpy divides by zero to an infinity
+        arrays = graph.kernel_arrays
         peak = np.array([profile.peak_flops.get(t, default_peak) for t in arrays.element_types])
         efficiency = np.array([self.efficiency[c] for c in arrays.op_classes])
         per_kernel_peak = peak[arrays.element_type_index] * efficiency[arrays.op_class_index]
@@ -70,6 +81,18 @@ class RooflineCostModel:
         )
         seconds = np.maximum(arrays.flops / per_kernel_peak, arrays.bytes / per_kernel_bandwidth)
         return (seconds + profile.kernel_launch_s).tolist()
+
+    def _batched_kernel_s(self, kernel: Kernel, default_peak: float) -> float:
+        """One kernel's time exactly as `kernels_s` computes it over arrays: the
+        same float64 operations in the same order (np.maximum propagates NaN)."""
+        profile = self.profile
+        efficiency = self.efficiency[kernel.op_class]
+        peak = profile.peak_flops.get(kernel.element_type, default_peak) * efficiency
+        compute_s = float(kernel.flops) / peak
+        memory_s = float(kernel.bytes) / (profile.memory_bandwidth_bytes_per_s * efficiency)
+        if compute_s != compute_s or memory_s != memory_s:  # NaN
+            return math.nan
+        return max(compute_s, memory_s) + profile.kernel_launch_s
 
 
 class TableCostModel:

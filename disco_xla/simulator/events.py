@@ -8,7 +8,10 @@ Two execution models, chosen by the profile:
   an all-reduce result waits for its bucket. A bucket of several gradients costs
   a concatenation copy before it and a split copy after it on the compute stream
   (memory-bound: bytes read and written at memory bandwidth). Collectives that are
-  not gradient buckets (a loss mean) run on a stream of their own.
+  not gradient buckets (a loss mean) run on a stream of their own. When the task
+  graph says collectives block compute (XLA:GPU without its latency-hiding
+  scheduler), each collective runs as soon as it is ready, and the compute stream
+  waits for it.
 - `cpu-threads`: K executor threads take ready tasks in priority order; a
   collective occupies its thread for its whole duration (XLA:CPU has no
   asynchronous collectives). With `overlap: false` everything runs one at a time.
@@ -16,14 +19,19 @@ Two execution models, chosen by the profile:
 Time is counted in integer picoseconds (durations rounded once), so sums are
 exact. Iteration time is the finish time of the last task. Exposed communication is the
 time communication runs while no compute does. T_ideal = max(C, A), C the sum of
-kernel times, A one all-reduce of every gradient byte.
+kernel times, A one all-reduce of every gradient byte. The critical path and the
+collectives' ready times are worked out when first read (the search reads the
+path of a few plans only).
 """
 
 from __future__ import annotations
 
 import gc
 import heapq
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import accumulate, chain, compress, repeat
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -34,6 +42,7 @@ from disco_xla.simulator.kernels import TaskGraph
 from disco_xla.simulator.profiles import ClusterProfile
 
 PS_PER_S = 10**12  # the simulator counts integer picoseconds
+ALL_REDUCE = "all-reduce"  # the kind of a collective's event
 
 
 class Event(NamedTuple):
@@ -42,6 +51,91 @@ class Event(NamedTuple):
     kind: str  # 'kernel', 'all-reduce', 'copy'
     start_s: float
     end_s: float
+
+
+class _Timeline:
+    """What a run leaves for the results read on demand: each task's finish time
+    (ps) and, per task, the task whose end set its start. The `gpu-streams` run
+    records that task as it goes (`bound`); the thread schedulers leave their run
+    order instead, and the task is worked out when asked for: the input that
+    ended last if it ended at the start, else the task before on the same thread."""
+
+    def __init__(self, graph: TaskGraph, finish: list, bound=None, run_order=None, spans=None):
+        self.graph, self.finish, self.bound = graph, finish, bound
+        self.run_order, self.spans = run_order, spans
+
+    def critical_path(self) -> tuple[str, ...]:
+        """From the task that ends last, back through the task that set each start."""
+        finish = self.finish
+        if not finish:
+            return ()
+        graph = self.graph
+        kernels = len(graph.kernels)
+        bound_of = self.bound.__getitem__ if self.bound is not None else self._thread_bound()
+        task = finish.index(max(finish))  # the first task that ends last
+        path = []
+        seen = set()
+        while task is not None and task not in seen:
+            seen.add(task)
+            path.append(
+                graph.kernels[task].name
+                if task < kernels
+                else graph.communications[task - kernels][0]
+            )
+            task = bound_of(task)
+        return tuple(reversed(path))
+
+    def _thread_bound(self):
+        """The thread schedulers' task that set each start (see the class)."""
+        run_order, spans = self.run_order, self.spans
+        place = [0] * len(run_order)
+        previous_on_lane: list[int | None] = [None] * len(run_order)
+        last: dict[str, int] = {}
+        for index, task in enumerate(run_order):
+            place[task] = index
+            lane = spans[index][1]
+            previous_on_lane[index] = last.get(lane)
+            last[lane] = task
+        dependencies, finish = self.graph.dependencies, self.finish
+
+        def bound_of(task: int) -> int | None:
+            index = place[task]
+            latest, latest_end = None, -1
+            for dep in dependencies[task]:
+                if finish[dep] > latest_end:
+                    latest, latest_end = dep, finish[dep]
+            if latest is None or latest_end < spans[index][3]:
+                return previous_on_lane[index]
+            return latest
+
+        return bound_of
+
+    def collective_ready_s(self) -> dict[str, float]:
+        graph, finish = self.graph, self.finish
+        dependencies, kernels = graph.dependencies, len(graph.kernels)
+        return {
+            name: max((finish[d] for d in dependencies[kernels + c]), default=0) / PS_PER_S
+            for c, (name, _, _) in enumerate(graph.communications)
+        }
+
+
+# What `summary()` reports, in this order.
+_SUMMARY_FIELDS = (
+    "iteration_s",
+    "compute_s",
+    "comm_s",
+    "exposed_comm_s",
+    "overlap_ratio",
+    "ideal_s",
+    "t_over_ideal",
+    "critical_path",
+    "cost_model",
+    "execution",
+    "kernels",
+    "buckets",
+    "collectives",
+    "collective_ready_s",
+)
 
 
 @dataclass(frozen=True)
@@ -53,14 +147,25 @@ class SimulationResult:
     overlap_ratio: float  # share of communication hidden behind compute
     ideal_s: float
     t_over_ideal: float
-    critical_path: tuple[str, ...]
     cost_model: str
     execution: str
     kernels: int
     buckets: int  # gradient buckets of the plan
     collectives: int  # buckets and other collectives (such as a loss mean)
-    collective_ready_s: dict[str, float]  # when each collective's inputs were all ready
     spans_ps: tuple[tuple, ...]  # the events as plain tuples, times in integer ps
+    # The critical path and the ready times are worked out from it on first read.
+    _timeline: _Timeline = field(repr=False, compare=False)
+
+    @cached_property
+    def critical_path(self) -> tuple[str, ...]:
+        """Task names from the first to the one that ends last, each the task whose
+        end set the next one's start."""
+        return self._timeline.critical_path()
+
+    @cached_property
+    def collective_ready_s(self) -> dict[str, float]:
+        """When each collective's inputs were all ready, by collective name."""
+        return self._timeline.collective_ready_s()
 
     @property
     def spans(self) -> tuple[tuple, ...]:
@@ -76,7 +181,7 @@ class SimulationResult:
 
     def summary(self) -> dict:
         """Everything but the events, for JSON."""
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "spans_ps"}
+        data = {name: getattr(self, name) for name in _SUMMARY_FIELDS}
         data["critical_path"] = list(self.critical_path)
         return data
 
@@ -87,15 +192,20 @@ def simulate(
     cost_model: CostModel,
     comm_cost: CommCostFn = all_reduce_s,
     ideal_compute_s: float | None = None,
+    step_buffers: int = 0,
 ) -> SimulationResult:
     """Simulate one iteration. `ideal_compute_s` is C of T_ideal = max(C, A): the
     kernel time of XLA's fused module when the caller has it, else this plan's own.
+    The iteration and T_ideal include the host's cost of the step, the profile's
+    step_overhead_s + step_buffer_s · `step_buffers` (the step's argument and
+    result buffers; 0 on profiles that do not measure it). Kernel times are
+    multiplied by the profile's kernel_time_scale (1 unless measured).
     Garbage collection pauses meanwhile: the run only allocates, and a large module
     makes every collection slow."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s)
+        return _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s, step_buffers)
     finally:
         if collecting:
             gc.enable()
@@ -132,36 +242,55 @@ def communication_ps(
     return to_ps(comm_cost(size_bytes, profile)), to_ps(copy_s)
 
 
-def _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s) -> SimulationResult:
+def graph_communication_ps(
+    graph: TaskGraph, profile: ClusterProfile, comm_cost: CommCostFn
+) -> tuple[list[int], list[int]]:
+    """`communication_ps` of every communication task of `graph`: (all-reduce
+    times, copy times). The cost depends only on (bytes, several members or one,
+    tuple element sizes), so it is computed once per distinct such key."""
+    communications = graph.communications
+    elements = graph.tuple_element_bytes[: len(communications)]
+    elements = elements + [()] * (len(communications) - len(elements))
+    several = map((1).__lt__, map(len, map(itemgetter(2), communications)))
+    keys = list(zip(map(itemgetter(1), communications), several, elements, strict=True))
+    costs = {
+        key: communication_ps(key[0], 2 if key[1] else 1, profile, comm_cost, key[2])
+        for key in dict.fromkeys(keys)
+    }
+    found = list(map(costs.__getitem__, keys))
+    transfer_ps = list(map(itemgetter(0), found))
+    copy_ps = list(map(itemgetter(1), found))
+    return transfer_ps, copy_ps
+
+
+def _simulate(
+    graph, profile, cost_model, comm_cost, ideal_compute_s, step_buffers=0
+) -> SimulationResult:
     kernel_s = cost_model.kernels_s(graph)
+    if profile.kernel_time_scale != 1.0:  # workers sharing cores (a calibrated CPU profile)
+        kernel_s = np.asarray(kernel_s, dtype=np.float64) * profile.kernel_time_scale
     # round() and np.rint both round half to even: the same integers as to_ps.
     kernel_ps = np.rint(np.asarray(kernel_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
-    comm_task_ps, copy_ps = [], []
-    for c, (_, size, members) in enumerate(graph.communications):
-        comm, copy = communication_ps(
-            size, len(members), profile, comm_cost, graph.tuple_elements(c)
-        )
-        comm_task_ps.append(comm)
-        copy_ps.append(copy)
+    comm_task_ps, copy_ps = graph_communication_ps(graph, profile, comm_cost)
+    # The host's cost of the step (dispatch to every worker, results handed back)
+    # is counted before the devices start: every event moves by it (0 unless a
+    # calibrated CPU profile measured it).
+    step_ps = to_ps(profile.step_overhead_s + profile.step_buffer_s * step_buffers)
     if profile.execution == "gpu-streams":
         events, finish, bound = _run_streams(graph, kernel_ps, comm_task_ps, copy_ps, profile)
+        events, finish = _after_host(events, finish, step_ps)
+        timeline = _Timeline(graph, finish, bound=bound)
     else:
         threads = max(1, profile.compute_threads) if profile.overlap else 1
         run = _run_one_thread if threads == 1 else _run_threads
-        events, finish, bound = run(graph, kernel_ps, comm_task_ps, copy_ps, profile)
-    iteration_ps = max((span[4] for span in events), default=0)
-    compute = [(span[3], span[4]) for span in events if span[2] != "all-reduce"]
-    comm = [(span[3], span[4]) for span in events if span[2] == "all-reduce"]
-    comm_ps = sum(end - start for start, end in comm)
-    exposed_ps = _length(_merge(comm)) - _length(_intersect(_merge(comm), _merge(compute)))
-    gradient_bytes = sum(
-        size
-        for (_, size, _), bucket in zip(graph.communications, graph.is_bucket, strict=True)
-        if bucket
-    )
-    compute_ps = sum(end - start for start, end in compute)
+        events, finish, run_order = run(graph, kernel_ps, comm_task_ps, copy_ps, profile)
+        events, finish = _after_host(events, finish, step_ps)
+        timeline = _Timeline(graph, finish, run_order=run_order, spans=events)
+    iteration_ps, compute_ps, comm_ps, exposed_ps = busy_ps(events)
+    iteration_ps = max(iteration_ps, step_ps)  # a step with no event still costs the host
+    gradient_bytes = sum(compress(map(itemgetter(1), graph.communications), graph.is_bucket))
     compute_bound = sum(kernel_ps) / PS_PER_S if ideal_compute_s is None else ideal_compute_s
-    ideal = max(compute_bound, comm_cost(gradient_bytes, profile))
+    ideal = max(compute_bound, comm_cost(gradient_bytes, profile)) + step_ps / PS_PER_S
     iteration_s = iteration_ps / PS_PER_S
     return SimulationResult(
         iteration_s=iteration_s,
@@ -171,142 +300,215 @@ def _simulate(graph, profile, cost_model, comm_cost, ideal_compute_s) -> Simulat
         overlap_ratio=1 - exposed_ps / comm_ps if comm_ps > 0 else 1.0,
         ideal_s=ideal,
         t_over_ideal=iteration_s / ideal if ideal > 0 else 1.0,
-        critical_path=_critical_path(graph, finish, bound),
         cost_model=cost_model.name,
         execution=profile.execution + ("" if profile.overlap else " (no overlap)"),
         kernels=len(graph.kernels),
         buckets=sum(graph.is_bucket),
         collectives=len(graph.communications),
-        collective_ready_s={
-            name: max((finish[d] for d in graph.dependencies[len(graph.kernels) + c]), default=0)
-            / PS_PER_S
-            for c, (name, _, _) in enumerate(graph.communications)
-        },
         spans_ps=tuple(events),
+        _timeline=timeline,
     )
+
+
+def _after_host(events: list, finish: list, step_ps: int) -> tuple[list, list]:
+    """The events and finish times moved later by the host's `step_ps`."""
+    if not step_ps:
+        return events, finish
+    moved = [
+        (name, lane, kind, start + step_ps, end + step_ps)
+        for name, lane, kind, start, end in events
+    ]
+    return moved, [end + step_ps for end in finish]
+
+
+def busy_ps(spans_ps) -> tuple[int, int, int, int]:
+    """(iteration, compute busy, communication busy, exposed communication) of
+    event tuples in Event's field order with integer times: the last end; the
+    summed lengths of the non-collective events and of the collective ones; and
+    the time a collective runs while nothing else does, which is the length of
+    the union of all events less that of the union of the compute events
+    (|comm| - |comm ∩ compute| = |comm ∪ compute| - |compute|)."""
+    if not spans_ps:
+        return 0, 0, 0, 0
+    _, _, kinds, starts, ends = zip(*spans_ps, strict=True)
+    last_end = max(ends)
+    # int64 holds every sum below unless the times are absurdly large (then exact
+    # Python integers in object arrays).
+    dtype = np.int64 if last_end < 2**62 // (len(ends) + 1) else object
+    start = np.array(starts, dtype=dtype)
+    end = np.array(ends, dtype=dtype)
+    is_comm = np.fromiter(map(ALL_REDUCE.__eq__, kinds), dtype=bool, count=len(kinds))
+    duration = end - start
+    comm_ps = int(duration[is_comm].sum())
+    compute_ps = int(duration.sum()) - comm_ps
+    is_compute = ~is_comm
+    exposed_ps = _union_ps(start, end) - _union_ps(start[is_compute], end[is_compute])
+    return int(last_end), compute_ps, comm_ps, exposed_ps
+
+
+def _union_ps(start: np.ndarray, end: np.ndarray) -> int:
+    """The length of the union of the intervals [start, end): sorted by start, the
+    span from the first start to the furthest end less the gaps, where a start
+    lies beyond every end before it."""
+    if len(start) == 0:
+        return 0
+    order = np.argsort(start, kind="stable")
+    start = start[order]
+    reach = np.maximum.accumulate(end[order])
+    gaps = start[1:] - reach[:-1]
+    return int(reach[-1] - start[0]) - int(gaps[gaps > 0].sum())
 
 
 def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
     """The compute stream in order, buckets in plan order on their streams (times in ps)."""
     kernels, comms = len(graph.kernels), len(graph.communications)
     dependencies = graph.dependencies
-    finish: list[float | None] = [None] * (kernels + comms)
+    finish: list[int | None] = [None] * (kernels + comms)
     bound: list[int | None] = [None] * (kernels + comms)  # the task that set the start
     events: list[tuple] = []  # Event fields, as plain tuples while running
+    append = events.append
     compute_free, last_compute = 0, None
     streams = max(1, profile.communication_streams)
     comm_free = [0] * (streams + 1)  # the extra stream serves non-bucket collectives
     last_on_stream: list[int | None] = [None] * (streams + 1)
+    lanes = [f"comm {stream}" for stream in range(streams)] + ["comm (other)"]
     # Kernels run in order, so a kernel only ever waits on communication; a
     # collective waits for its last producing kernel (and any collective before it).
     kernel_waits_on = graph.kernel_waits_on
     comm_waits_on = graph.comm_waits_on
     last_producer = graph.last_producer
+    is_bucket = graph.is_bucket
     concat_after: dict[int, list[int]] = {}
     for c in range(comms):
         if copy_s[c] > 0:
             concat_after.setdefault(last_producer[c], []).append(c)
-    concat_end: dict[int, float] = {}
+    concat_end: dict[int, int] = {}
     split_done: set[int] = set()
-    names = [k.name for k in graph.kernels]
+    names = list(map(attrgetter("name"), graph.kernels))
     comm_names = [name for name, _, _ in graph.communications]
+    blocking = graph.collectives_block_compute
 
     def run_concats(after: int) -> None:
         nonlocal compute_free
         for c in concat_after.get(after, ()):
             start = max([compute_free] + [finish[d] for d in dependencies[kernels + c]])
             end = start + copy_s[c]
-            events.append((f"concat {comm_names[c]}", "compute", "copy", start, end))
+            append((f"concat {comm_names[c]}", "compute", "copy", start, end))
             compute_free = concat_end[c] = end
 
+    stream_of, bucket_index = [], 0
+    for bucket in is_bucket:
+        stream_of.append(bucket_index % streams if bucket else streams)
+        bucket_index += bucket
+    # Communication tasks start in order and get their finish time when they
+    # start: task d has one exactly when d < kernels + next_comm. Inputs are
+    # sorted, so the last one tells whether all have.
     run_concats(-1)
-    next_kernel = next_comm = bucket_index = 0
+    next_kernel = next_comm = 0
     while next_kernel < kernels or next_comm < comms:
-        progressed = False
+        before = next_kernel + next_comm
         while next_kernel < kernels:
             waits = kernel_waits_on[next_kernel]
-            if waits and any(finish[d] is None for d in waits):
-                break
-            for dep in waits:  # split the buckets this kernel reads
-                c = dep - kernels
-                if copy_s[c] > 0 and dep not in split_done:
-                    start = max(compute_free, finish[dep])
-                    events.append(
-                        (f"split {comm_names[c]}", "compute", "copy", start, start + copy_s[c])
-                    )
-                    compute_free = start + copy_s[c]
-                    split_done.add(dep)
             # Kernels before this one on the in-order stream ended by compute_free:
             # only the communication it reads can make it wait.
-            start, who = compute_free, last_compute
-            for dep in waits:
-                if finish[dep] > start:
-                    start, who = finish[dep], dep
+            if waits:
+                if waits[-1] >= kernels + next_comm:
+                    break
+                for dep in waits:  # split the buckets this kernel reads
+                    c = dep - kernels
+                    if copy_s[c] > 0 and dep not in split_done:
+                        split_start = max(compute_free, finish[dep])
+                        split_end = split_start + copy_s[c]
+                        append(
+                            (f"split {comm_names[c]}", "compute", "copy", split_start, split_end)
+                        )
+                        compute_free = split_end
+                        split_done.add(dep)
+                start, who = compute_free, last_compute
+                for dep in waits:
+                    if finish[dep] > start:
+                        start, who = finish[dep], dep
+            else:
+                start, who = compute_free, last_compute
             end = start + kernel_s[next_kernel]
-            finish[next_kernel], bound[next_kernel] = end, who
-            events.append((names[next_kernel], "compute", "kernel", start, end))
+            finish[next_kernel] = end
+            bound[next_kernel] = who
+            append((names[next_kernel], "compute", "kernel", start, end))
             compute_free, last_compute = end, next_kernel
             if next_kernel in concat_after:
                 run_concats(next_kernel)
             next_kernel += 1
-            progressed = True
-        while next_comm < comms:
-            if last_producer[next_comm] >= next_kernel or any(
-                finish[d] is None for d in comm_waits_on[next_comm]
-            ):
+            if blocking:  # issue the collectives this kernel made ready first
                 break
+        while next_comm < comms and last_producer[next_comm] < next_kernel:
             task = kernels + next_comm
-            if graph.is_bucket[next_comm]:
-                stream = bucket_index % streams
-                bucket_index += 1
-            else:
-                stream = streams
-            start, who = (
-                max(comm_free[stream], concat_end.get(next_comm, 0)),
-                last_on_stream[stream],
-            )
+            reads = comm_waits_on[next_comm]
+            if reads and reads[-1] >= task:
+                break
+            stream = stream_of[next_comm]
+            start, who = comm_free[stream], last_on_stream[stream]
+            if next_comm in concat_end and concat_end[next_comm] > start:
+                start = concat_end[next_comm]
+            if blocking and compute_free > start:
+                start, who = compute_free, last_compute
             for dep in dependencies[task]:
                 if finish[dep] > start:
                     start, who = finish[dep], dep
             end = start + comm_task_s[next_comm]
-            finish[task], bound[task] = end, who
-            lane = f"comm {stream}" if stream < streams else "comm (other)"
-            events.append((comm_names[next_comm], lane, "all-reduce", start, end))
+            finish[task] = end
+            bound[task] = who
+            append((comm_names[next_comm], lanes[stream], ALL_REDUCE, start, end))
             comm_free[stream], last_on_stream[stream] = end, task
+            if blocking:
+                compute_free, last_compute = end, task
             next_comm += 1
-            progressed = True
-        if not progressed:
+        if next_kernel + next_comm == before:
             raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
     return events, finish, bound
 
 
+def _ranks(graph: TaskGraph) -> np.ndarray:
+    """The order in which the thread schedulers prefer ready tasks, as one integer
+    per task. Kernels go in their order; a collective as soon as its last producer
+    has run: priorities are 2k for kernel k and 2p + 1 for a collective whose last
+    producer is p, so that a collective sits between kernels, and a task's rank is
+    priority · tasks + task (ties go to the lower task id). One integer compares
+    fast in a heap and gives the task back modulo the task count."""
+    kernels, comms = len(graph.kernels), len(graph.communications)
+    total = kernels + comms
+    kernel_rank = np.arange(kernels, dtype=np.int64) * (2 * total + 1)  # 2k · total + k
+    last_producer = np.array(graph.last_producer, dtype=np.int64).reshape(comms)
+    comm_rank = (2 * last_producer + 1) * total + kernels + np.arange(comms, dtype=np.int64)
+    return np.concatenate([kernel_rank, comm_rank])
+
+
 def _thread_tasks(graph, kernel_ps, comm_task_ps, copy_ps):
-    """What both thread schedulers start from: (kernel count, task count,
-    durations, dependencies, users, unfinished inputs per task, priorities,
-    names, the heap of ready tasks)."""
+    """What both thread schedulers start from: (task count, durations, users,
+    unfinished inputs per task, ranks (`_ranks`), names, kinds, the heap of ready
+    ranks)."""
     kernels, comms = len(graph.kernels), len(graph.communications)
     total = kernels + comms
     duration = kernel_ps + [c + 2 * k for c, k in zip(comm_task_ps, copy_ps, strict=True)]
     dependencies = graph.dependencies
     users: list[list[int]] = [[] for _ in range(total)]
-    waiting = [len(deps) for deps in dependencies]
+    waiting = list(map(len, dependencies))
     for task, deps in enumerate(dependencies):
         for dep in deps:
             users[dep].append(task)
-    # Kernels in their order; a collective as soon as its last producer has run.
-    # Priorities are doubled so that a collective (2p + 1) sits between kernels.
-    priority = list(range(0, 2 * kernels, 2)) + [2 * p + 1 for p in graph.last_producer]
-    names = [k.name for k in graph.kernels] + [c[0] for c in graph.communications]
-    ready = [(priority[t], t) for t in range(total) if waiting[t] == 0]
+    rank = _ranks(graph).tolist()
+    names = list(map(attrgetter("name"), graph.kernels)) + [c[0] for c in graph.communications]
+    kinds = ["kernel"] * kernels + [ALL_REDUCE] * comms
+    ready = [rank[t] for t in range(total) if waiting[t] == 0]
     heapq.heapify(ready)
-    return kernels, total, duration, dependencies, users, waiting, priority, names, ready
+    return total, duration, users, waiting, rank, names, kinds, ready
 
 
 def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
     """List scheduling on K threads: whenever a thread is free, it takes the ready
     task of lowest priority (kernels in their order; a collective right after its
-    last producer). A collective holds its thread for its copies and transfer."""
-    kernels, total, duration, dependencies, users, waiting, priority, names, ready = _thread_tasks(
+    last producer). A collective holds its thread for its copies and transfer.
+    Returns (events, finish times, tasks in the order they started)."""
+    total, duration, users, waiting, rank, names, kinds, ready = _thread_tasks(
         graph, kernel_ps, comm_task_ps, copy_ps
     )
     threads = max(1, profile.compute_threads) if profile.overlap else 1
@@ -314,95 +516,117 @@ def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
     running: list[tuple[int, int, int]] = []  # (finish, task, thread)
     free_threads = list(range(threads))  # a heap: the lowest free thread first
     finish: list = [None] * total
-    bound: list = [None] * total
-    last_on_thread: list = [None] * threads
+    run_order: list[int] = []
     events: list[tuple] = []  # Event fields, as plain tuples while running
-    append, heappush, heappop = events.append, heapq.heappush, heapq.heappop
+    append, started = events.append, run_order.append
+    heappush, heappop = heapq.heappush, heapq.heappop
     now = 0
     while ready or running:
         while ready and free_threads:
-            task = heappop(ready)[1]
+            task = heappop(ready) % total
             thread = heappop(free_threads)
             end = now + duration[task]
-            latest, latest_end = None, -1
-            for dep in dependencies[task]:
-                if finish[dep] > latest_end:
-                    latest, latest_end = dep, finish[dep]
-            if latest is None or latest_end < now:
-                latest = last_on_thread[thread]
-            bound[task] = latest
             finish[task] = end
-            append(
-                (names[task], lanes[thread], "kernel" if task < kernels else "all-reduce", now, end)
-            )
+            append((names[task], lanes[thread], kinds[task], now, end))
+            started(task)
             heappush(running, (end, task, thread))
         if not running:
             break
         now, task, thread = heappop(running)
         heappush(free_threads, thread)
-        last_on_thread[thread] = task
         for user in users[task]:
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                heappush(ready, (priority[user], user))
-    if any(f is None for f in finish):
+            left = waiting[user] - 1
+            waiting[user] = left
+            if not left:
+                heappush(ready, rank[user])
+    if len(run_order) < total:
         raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
-    return events, finish, bound
+    return events, finish, run_order
 
 
 def _run_one_thread(graph, kernel_ps, comm_task_ps, copy_ps, profile):
-    """`_run_threads` with one thread, without its heap of running tasks: the
-    ready task of lowest priority runs as soon as the one before it ends, so every
-    task it waits for has already ended."""
-    kernels, total, duration, dependencies, users, waiting, priority, names, ready = _thread_tasks(
-        graph, kernel_ps, comm_task_ps, copy_ps
+    """`_run_threads` with one thread. Each task starts when the one before it
+    ends, so the times are running sums of the durations in run order, and the run
+    order is Kahn's algorithm taking the ready task of lowest rank. Where the tasks
+    sorted by rank already form a topological order (every input of a task comes
+    before it), that sorted order is the run order: at each step the lowest
+    remaining task has all its inputs done, so it is ready and the lowest ready."""
+    kernels, comms = len(graph.kernels), len(graph.communications)
+    total = kernels + comms
+    dependencies = graph.dependencies
+    rank = _ranks(graph)
+    order = np.argsort(rank, kind="stable")
+    position = np.empty(total, dtype=np.int64)
+    position[order] = np.arange(total, dtype=np.int64)
+    inputs = np.fromiter(map(len, dependencies), dtype=np.int64, count=total)
+    sources = np.fromiter(chain.from_iterable(dependencies), dtype=np.int64, count=inputs.sum())
+    if (position[sources] < np.repeat(position, inputs)).all():
+        run_order, place = order.tolist(), position.tolist()
+    else:
+        run_order = _one_thread_order(graph, rank.tolist())
+        place = [0] * total
+        for index, task in enumerate(run_order):
+            place[task] = index
+    duration = kernel_ps + [c + 2 * k for c, k in zip(comm_task_ps, copy_ps, strict=True)]
+    ends = list(accumulate(map(duration.__getitem__, run_order)))
+    starts = [0] + ends[:-1]
+    finish = list(map(ends.__getitem__, place))
+    names = list(map(attrgetter("name"), graph.kernels)) + [c[0] for c in graph.communications]
+    kinds = ["kernel"] * kernels + [ALL_REDUCE] * comms
+    events = list(
+        zip(
+            map(names.__getitem__, run_order),
+            repeat("thread 0"),
+            map(kinds.__getitem__, run_order),
+            starts,
+            ends,
+            strict=False,
+        )
     )
-    finish: list = [None] * total
-    bound: list = [None] * total
-    events: list[tuple] = []
-    append, heappush, heappop = events.append, heapq.heappush, heapq.heappop
-    now, previous = 0, None
+    return events, finish, run_order
+
+
+def _one_thread_order(graph: TaskGraph, rank: list[int]) -> list[int]:
+    """Kahn's algorithm, the ready task of lowest rank first (raises on a cycle)."""
+    total = len(rank)
+    users: list[list[int]] = [[] for _ in range(total)]
+    waiting = list(map(len, graph.dependencies))
+    for task, deps in enumerate(graph.dependencies):
+        for dep in deps:
+            users[dep].append(task)
+    ready = [rank[t] for t in range(total) if waiting[t] == 0]
+    heapq.heapify(ready)
+    heappush, heappop = heapq.heappush, heapq.heappop
+    run_order: list[int] = []
     while ready:
-        task = heappop(ready)[1]
-        end = now + duration[task]
-        # What set the start: the input that ended last, if it ended just now,
-        # else the task before on the thread.
-        latest, latest_end = None, -1
-        for dep in dependencies[task]:
-            if finish[dep] > latest_end:
-                latest, latest_end = dep, finish[dep]
-        bound[task] = latest if latest is not None and latest_end >= now else previous
-        finish[task] = end
-        append((names[task], "thread 0", "kernel" if task < kernels else "all-reduce", now, end))
-        now, previous = end, task
+        task = heappop(ready) % total
+        run_order.append(task)
         for user in users[task]:
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                heappush(ready, (priority[user], user))
-    if any(f is None for f in finish):
+            left = waiting[user] - 1
+            waiting[user] = left
+            if not left:
+                heappush(ready, rank[user])
+    if len(run_order) < total:
         raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
-    return events, finish, bound
+    return run_order
 
 
 def graph_iteration_ps(
     graph: TaskGraph, profile: ClusterProfile, kernel_ps: list[int], comm_cost: CommCostFn
 ) -> int:
-    """`streams_iteration_ps` of a whole task graph (the `gpu-streams` model)."""
+    """`streams_iteration_ps` of a whole task graph (the `gpu-streams` model, with
+    collectives beside compute)."""
+    if graph.collectives_block_compute:
+        raise ValueError("graph_iteration_ps models collectives beside compute only")
     kernels = len(graph.kernels)
     prefix = [0]
     for duration in kernel_ps:
         prefix.append(prefix[-1] + duration)
-    comm_ps, copy_ps, stream = [], [], []
+    comm_ps, copy_ps = graph_communication_ps(graph, profile, comm_cost)
     streams = max(1, profile.communication_streams)
+    stream = []
     bucket_index = 0
-    for c, ((_, size, members), is_bucket) in enumerate(
-        zip(graph.communications, graph.is_bucket, strict=True)
-    ):
-        comm, copy = communication_ps(
-            size, len(members), profile, comm_cost, graph.tuple_elements(c)
-        )
-        comm_ps.append(comm)
-        copy_ps.append(copy)
+    for is_bucket in graph.is_bucket:
         stream.append(bucket_index % streams if is_bucket else streams)
         bucket_index += is_bucket
     waits = {
@@ -448,8 +672,8 @@ def streams_iteration_ps(
     concat_end: dict[int, int] = {}
     produced_at: dict[int, int] = {}  # position -> end of that kernel
     concat_after: dict[int, list[int]] = {}
-    for c in range(comms):
-        if copy_ps[c] > 0:
+    for c, copy in enumerate(copy_ps):
+        if copy > 0:
             concat_after.setdefault(last_producer[c], []).append(c)
     stream_free = [0] * (max(comm_stream, default=0) + 1)
     done = 0  # communication tasks 0..done-1 have their finish times
@@ -459,15 +683,16 @@ def streams_iteration_ps(
         """Finish times of communication tasks up to `upto`; `passed` is the
         first kernel position not yet run."""
         nonlocal done
-        while done <= upto:
-            c = done
+        c = done
+        while c <= upto:
             producer = last_producer[c]
             if producer >= passed:
                 raise RuntimeError(
                     "the simulation cannot make progress; the plan's order has a cycle"
                 )
-            start = stream_free[comm_stream[c]]
-            ready = concat_end.get(c, produced_at.get(producer, 0))
+            stream = comm_stream[c]
+            start = stream_free[stream]
+            ready = concat_end[c] if c in concat_end else produced_at.get(producer, 0)
             if ready > start:
                 start = ready
             for dep in comm_waits[c]:
@@ -477,8 +702,9 @@ def streams_iteration_ps(
                     )
                 if finish[dep] > start:
                     start = finish[dep]
-            finish[c] = stream_free[comm_stream[c]] = start + comm_ps[c]
-            done += 1
+            finish[c] = stream_free[stream] = start + comm_ps[c]
+            c += 1
+        done = c
 
     free = 0
     for c in concat_after.get(-1, ()):
@@ -487,17 +713,15 @@ def streams_iteration_ps(
             free = max([free] + [finish[d] for d in comm_waits[c]])
         free += copy_ps[c]
         concat_end[c] = free
-    at = 0  # kernels below this position have run; `free` is when the last ended
-    points = sorted(set(waits) | {p for p in last_producer if p >= 0})
+    points = sorted(set(waits).union([p for p in last_producer if p >= 0]))
     count = len(points)
     sums = prefix_ps(points + [p + 1 for p in points] + [kernel_count])
-    previous = 0  # prefix sum at `at`
+    previous = 0  # prefix sum at the kernel after the last point; `free` is when it ended
     get_waits, get_concats = waits.get, concat_after.get
     for n, position in enumerate(points):
-        before, after = sums[n], sums[count + n]
-        free += before - previous
         read = get_waits(position)
         if read:
+            free += sums[n] - previous
             if read[-1] >= done:
                 settle(read[-1], position)
             for c in read:
@@ -507,62 +731,25 @@ def streams_iteration_ps(
             for c in read:
                 if finish[c] > free:
                     free = finish[c]
-        free += after - before
-        previous = after
-        at = position + 1
+            previous = sums[count + n]
+            free += previous - sums[n]
+        else:
+            after = sums[count + n]
+            free += after - previous
+            previous = after
         produced_at[position] = free
-        for c in get_concats(position, ()):
-            if comm_waits[c]:
-                settle(max(comm_waits[c]), at)
-                free = max([free] + [finish[d] for d in comm_waits[c]])
-            free += copy_ps[c]
-            concat_end[c] = free
+        concats = get_concats(position)
+        if concats:
+            for c in concats:
+                if comm_waits[c]:
+                    settle(max(comm_waits[c]), position + 1)
+                    free = max([free] + [finish[d] for d in comm_waits[c]])
+                free += copy_ps[c]
+                concat_end[c] = free
     free += sums[-1] - previous
+    if done < comms:  # collectives whose results no kernel reads still run
+        settle(comms - 1, kernel_count)
     return max([free] + finish)
-
-
-def _critical_path(graph: TaskGraph, finish, bound) -> tuple[str, ...]:
-    if not finish:
-        return ()
-    kernels = len(graph.kernels)
-    task = max(range(len(finish)), key=lambda t: finish[t])
-    path = []
-    seen = set()
-    while task is not None and task not in seen:
-        seen.add(task)
-        path.append(
-            graph.kernels[task].name if task < kernels else graph.communications[task - kernels][0]
-        )
-        task = bound[task]
-    return tuple(reversed(path))
-
-
-def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _intersect(first, second) -> list[tuple[float, float]]:
-    out, i, j = [], 0, 0
-    while i < len(first) and j < len(second):
-        start = max(first[i][0], second[j][0])
-        end = min(first[i][1], second[j][1])
-        if start < end:
-            out.append((start, end))
-        if first[i][1] < second[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def _length(intervals) -> float:
-    return sum(end - start for start, end in intervals)
 
 
 def chrome_trace(result: SimulationResult) -> dict:

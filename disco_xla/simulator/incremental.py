@@ -10,10 +10,15 @@ to the picosecond:
   `build_task_graph`; after a fusion or a split it is re-run only from the first
   changed kernel until the set of kernels run so far is the parent's again, from
   where both orders are the same;
-- kernel durations come from the cost model once per fusion group and are cached;
+- kernel durations come from the cost model once per fusion group and are cached,
+  as is what a group's kernels are made of (atoms, edges, reads), so that loading
+  a plan mostly joins cached parts;
 - the `gpu-streams` timeline is computed by `streams_iteration_ps`, which visits
   only the kernels that read all-reduce results and the last producer of each
-  bucket; between them the compute stream advances by differences of prefix sums.
+  bucket; between them the compute stream advances by differences of prefix sums;
+- a fusion or split whose reordered stretch ends before the first of those
+  kernels moves every later time by the same amount: the iteration time is the
+  parent's plus the stretch's change in duration.
 
 Profiles with the `cpu-threads` model have no such shortcut: `evaluate` builds the
 child's task graph and simulates it in full.
@@ -25,6 +30,8 @@ import bisect
 import heapq
 import weakref
 from dataclasses import dataclass
+from itertools import accumulate, repeat
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,10 +47,10 @@ from disco_xla.simulator.events import (
     to_ps,
 )
 from disco_xla.simulator.kernels import (
+    CallKey,
     TaskGraph,
     build_task_graph,
     kernel_for,
-    kernel_instances,
     kernel_order,
     module_index,
 )
@@ -81,23 +88,139 @@ MAX_FUSE_DISTANCE = 64
 MAX_REORDER_KERNELS = 160
 
 
-class GroupCosts:
-    """Kernel durations in picoseconds, cached by fusion group (shared by states)."""
+class KernelPart(NamedTuple):
+    """One instance of a fusion group's kernel (one call site of its computation):
+    what every plan with the group shares."""
 
-    def __init__(self, module: HloModule, cost_model: CostModel):
+    key: CallKey
+    atoms: tuple[int, ...]  # in the group's order
+    order_sources: frozenset[int]  # compute atoms outside it that it waits for (order)
+    order_targets: frozenset[int]  # compute atoms outside it that wait for it (order)
+    reads: frozenset[int]  # the all-reduce atoms it reads
+    expensive: int  # dots and convolutions in it
+    rank: int  # `ModuleIndex.kernel_rank`
+
+
+class CollectiveInfo(NamedTuple):
+    """What a gradient all-reduce or another collective brings to a communication
+    task, whatever the plan."""
+
+    size: int  # bytes
+    atoms: list[int]
+    producer_atoms: tuple[int, ...]  # compute atoms it reads
+    reads: frozenset[int]  # all-reduce atoms it reads
+    elements: tuple[int, ...]  # tensor sizes of a tuple all-reduce, else ()
+
+
+class GroupCosts:
+    """Kernel durations in picoseconds, cached by fusion group, and the other
+    figures of a group's kernels and of the module's collectives that do not
+    depend on the plan (shared by the states of one search)."""
+
+    def __init__(self, module: HloModule, cost_model: CostModel, kernel_time_scale: float = 1.0):
+        self.module = module
         self.index = module_index(module)
         self.by_name = self.index.by_name
         self.cost_model = cost_model
+        # The profile's factor on every kernel time, applied as `simulate` does.
+        self.kernel_time_scale = kernel_time_scale
         self.cache: dict[tuple[str, ...], int] = {}
+        self.parts: dict[tuple[str, ...], tuple[KernelPart, ...]] = {}
+        self._collectives: tuple | None = None
+        self._halves: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
     def durations(self, groups: list[tuple[str, ...]]) -> list[int]:
         missing = list(dict.fromkeys(g for g in groups if g not in self.cache))
         if missing:
             kernels = [kernel_for([self.by_name[n] for n in g], None, self.index) for g in missing]
             seconds = self.cost_model.kernels_s(TaskGraph(kernels, [], [], []))
+            scale = self.kernel_time_scale
             for group, value in zip(missing, seconds, strict=True):
-                self.cache[group] = to_ps(value)
+                self.cache[group] = to_ps(value * scale if scale != 1.0 else value)
         return [self.cache[g] for g in groups]
+
+    def kernel_parts(self, group: tuple[str, ...]) -> tuple[KernelPart, ...]:
+        """The group's kernel in each instance of its computation, as
+        `kernel_instances` numbers them (call keys in order)."""
+        found = self.parts.get(group)
+        if found is None:
+            index, by_name = self.index, self.by_name
+            order_inputs, inputs, is_compute = index.order_inputs, index.inputs, index.is_compute
+            order_users = index.order_users
+            is_expensive = index.is_expensive
+            members = [id(by_name[name]) for name in group]
+            computation = by_name[group[0]].computation
+            parts = []
+            for key in index.instances.get(computation.name, [()]):
+                atoms = tuple(index.atom_of[(member, key)] for member in members)
+                sources = {s for atom in atoms for s in order_inputs[atom]}
+                sources.difference_update(atoms)
+                targets = {u for atom in atoms for u in order_users[atom]}
+                targets.difference_update(atoms)
+                parts.append(
+                    KernelPart(
+                        key,
+                        atoms,
+                        frozenset(sources),
+                        frozenset(targets),
+                        frozenset(s for atom in atoms for s in inputs[atom] if not is_compute[s]),
+                        sum(is_expensive[a] for a in atoms),
+                        index.kernel_rank(atoms),
+                    )
+                )
+            found = self.parts[group] = tuple(parts)
+        return found
+
+    def halves(self, group: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The group's instructions in module order, cut in the middle."""
+        found = self._halves.get(group)
+        if found is None:
+            members = sorted(group, key=self.index.name_position.__getitem__)
+            middle = len(members) // 2
+            found = self._halves[group] = (tuple(members[:middle]), tuple(members[middle:]))
+        return found
+
+    def collectives(self) -> tuple:
+        """(the atoms of collectives that are not gradients, in atom order;
+        `CollectiveInfo` of each gradient all-reduce by name; of each other
+        collective; the name of every all-reduce atom)."""
+        if self._collectives is None:
+            index = self.index
+            gradients = {a.name for a in self.module.gradient_all_reduces}
+            others = [
+                atom
+                for atom, compute in enumerate(index.is_compute)
+                if not compute and index.atoms[atom][0].name not in gradients
+            ]
+
+            def info(atoms, shape) -> CollectiveInfo:
+                # The last field: the tensor sizes when the instruction is a tuple
+                # all-reduce (see `build_task_graph`), else ().
+                leaves = tuple(leaf.bytes for leaf in shape.leaves())
+                producer_atoms, reads = [], set()
+                for atom in atoms:
+                    for source in index.inputs[atom]:
+                        if index.is_compute[source]:
+                            producer_atoms.append(source)
+                        else:
+                            reads.add(source)
+                elements = leaves if len(leaves) > 1 else ()
+                return CollectiveInfo(
+                    shape.bytes, atoms, tuple(producer_atoms), frozenset(reads), elements
+                )
+
+            gradient_info = {
+                name: info(index.atoms_of_name[name], index.by_name[name].shape)
+                for name in gradients
+            }
+            other_info = [info([a], index.atoms[a][0].shape) for a in others]
+            name_of = {
+                a: index.atoms[a][0].name
+                for a in range(len(index.atoms))
+                if not index.is_compute[a]
+            }
+            self._collectives = (others, gradient_info, other_info, name_of)
+        return self._collectives
 
 
 _DEPENDENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -125,45 +248,81 @@ class PlanState:
     ):
         self.module, self.plan, self.profile = module, plan, profile
         self.cost_model, self.comm_cost = cost_model, comm_cost
-        self.costs = costs or GroupCosts(module, cost_model)
-        index = self.index = module_index(module)
-        instances, kernel_of_atom = kernel_instances(index, plan)
+        if costs is None or costs.kernel_time_scale != profile.kernel_time_scale:
+            costs = GroupCosts(module, cost_model, profile.kernel_time_scale)
+        self.costs = costs
+        # The host's cost of a step, added to every time as `simulate` adds it.
+        self.step_ps = to_ps(profile.step_overhead_s)  # as `simulate` with no step buffers
+        self.index = module_index(module)
+        self.groups = list(plan.fusion_groups)
+        # `kernel_instances` of the plan, from the parts cached by group.
+        instances: list[tuple[int, CallKey]] = []
+        kernel_of_atom: dict[int, int] = {}
+        parts: list[KernelPart] = []
+        single: list[bool] = []
+        call_rank: list[int] = []  # the place of the part's call key among the group's
+        duration: list[int | None] = []  # per kernel, from the costs cached by group
+        kernel_parts, known_ps = self.costs.kernel_parts, self.costs.cache
+        for group_index, group in enumerate(self.groups):
+            group_parts = kernel_parts(group)
+            if len(group_parts) == 1:
+                (part,) = group_parts
+                kernel = len(instances)
+                for atom in part.atoms:
+                    kernel_of_atom[atom] = kernel
+                instances.append((group_index, part.key))
+                parts.append(part)
+                single.append(True)
+                call_rank.append(0)
+                duration.append(known_ps.get(group))
+                continue
+            for number, part in enumerate(group_parts):
+                kernel_of_atom.update(zip(part.atoms, repeat(len(instances))))
+                instances.append((group_index, part.key))
+                call_rank.append(number)
+            parts += group_parts
+            single += [False] * len(group_parts)
+            duration += [known_ps.get(group)] * len(group_parts)
+        if None in duration:  # groups not costed yet
+            duration = self.costs.durations([self.groups[g] for g, _ in instances])
         self.instances = instances
         self.kernel_of_atom = kernel_of_atom
         count = len(instances)
-        self.groups = list(plan.fusion_groups)
-        self.atoms: list[list[int]] = [[] for _ in range(count)]
-        for atom, kernel in kernel_of_atom.items():
-            self.atoms[kernel].append(atom)
-        self.preds: list[set[int]] = [set() for _ in range(count)]
+        self.atoms: list[list[int]] = [list(part.atoms) for part in parts]
+        self.preds: list[set[int]] = []
         self.succs: list[set[int]] = [set() for _ in range(count)]
-        self.reads: list[frozenset[int]] = []
-        for kernel in range(count):
-            preds = self._preds_of(self.atoms[kernel], kernel_of_atom)
+        self.reads: list[frozenset[int]] = [part.reads for part in parts]
+        for kernel, part in enumerate(parts):
+            preds = {kernel_of_atom[s] for s in part.order_sources}
             preds.discard(kernel)
-            self.preds[kernel] = preds
+            self.preds.append(preds)
             for pred in preds:
                 self.succs[pred].add(kernel)
-            self.reads.append(self._reads_of(self.atoms[kernel]))
-        instance_count = {}
-        for group, _ in instances:
-            instance_count[group] = instance_count.get(group, 0) + 1
-        self.single = [instance_count[g] == 1 for g, _ in instances]
-        self.expensive = [sum(index.is_expensive[a] for a in atoms) for atoms in self.atoms]
+        self.single = single
+        self.expensive = [part.expensive for part in parts]
         self.priority = [
-            (bool(self.reads[k]), group, 0, key) for k, (group, key) in enumerate(instances)
+            (bool(part.reads), part.rank, group, 0, key)
+            for part, (group, key) in zip(parts, instances, strict=True)
         ]
-        self.duration = self.costs.durations([self.groups[g] for g, _ in instances])
-        self.order = kernel_order(self.priority, self.preds)
-        self.pos = [0] * count
+        self.duration = duration
+        # The priorities as integers in the same order, which compare faster: a
+        # group's parts come in the order of their call keys (`kernel_parts`).
+        rank_bound = 1 + max((part.rank for part in parts), default=0)
+        group_bound = len(self.groups)
+        call_bound = 1 + max(call_rank, default=0)
+        priority_number = [
+            ((bool(part.reads) * rank_bound + part.rank) * group_bound + group) * call_bound + call
+            for part, (group, _), call in zip(parts, instances, call_rank, strict=True)
+        ]
+        self.order = kernel_order(priority_number, self.preds)
+        pos = self.pos = [0] * count
         for position, kernel in enumerate(self.order):
-            self.pos[kernel] = position
-        self.prefix = [0]
-        for kernel in self.order:
-            self.prefix.append(self.prefix[-1] + self.duration[kernel])
+            pos[kernel] = position
+        self.prefix = list(accumulate(map(self.duration.__getitem__, self.order), initial=0))
         self.prefix_array = np.array(self.prefix, dtype=np.int64)
+        preds = self.preds
         self.max_pred_position = np.array(
-            [max((self.pos[p] for p in self.preds[k]), default=-1) for k in self.order]
+            [max(map(pos.__getitem__, preds[k]), default=-1) for k in self.order]
         )
         self._comm_cost_cache: dict[tuple[int, bool], tuple[int, int]] = {}
         self._merged_cache: dict[tuple[int, int], tuple[str, ...]] = {}
@@ -175,45 +334,27 @@ class PlanState:
         self.iteration_ps = self._time(None)
 
     # -- construction ---------------------------------------------------------
-    def _preds_of(self, atoms, kernel_of_atom) -> set[int]:
-        order_inputs = self.index.order_inputs
-        return {kernel_of_atom[s] for atom in atoms for s in order_inputs[atom]}
-
-    def _reads_of(self, atoms) -> frozenset[int]:
-        is_compute, inputs = self.index.is_compute, self.index.inputs
-        return frozenset(s for atom in atoms for s in inputs[atom] if not is_compute[s])
-
     def _collective_info(self) -> None:
         """What each gradient all-reduce and each other collective brings to a
         communication task, whatever the buckets: bytes, atoms, producing atoms
         and kernels, and the all-reduce atoms it reads."""
-        index = self.index
-        gradients = {a.name for a in self.module.gradient_all_reduces}
-        self.others = [
-            atom
-            for atom, compute in enumerate(index.is_compute)
-            if not compute and index.atoms[atom][0].name not in gradients
-        ]
+        others, gradient_info, other_info, self.name_of = self.costs.collectives()
+        self.others = others
+        kernel_of_atom = self.kernel_of_atom
 
-        def info(atoms, shape):
-            # The last field: the tensor sizes when the instruction is a tuple
-            # all-reduce (see `build_task_graph`), else ().
-            leaves = tuple(leaf.bytes for leaf in shape.leaves())
-            size, elements = shape.bytes, leaves if len(leaves) > 1 else ()
-            producer_atoms, producers, reads = [], set(), set()
-            for atom in atoms:
-                for source in index.inputs[atom]:
-                    if index.is_compute[source]:
-                        producer_atoms.append(source)
-                        producers.add(self.kernel_of_atom[source])
-                    else:
-                        reads.add(source)
-            return size, atoms, producer_atoms, producers, reads, elements
+        def info(found: CollectiveInfo) -> tuple:
+            producers = {kernel_of_atom[a] for a in found.producer_atoms}
+            return (
+                found.size,
+                found.atoms,
+                found.producer_atoms,
+                producers,
+                found.reads,
+                found.elements,
+            )
 
-        self.gradient_info = {
-            name: info(index.atoms_of_name[name], index.by_name[name].shape) for name in gradients
-        }
-        self.other_info = [info([a], index.atoms[a][0].shape) for a in self.others]
+        self.gradient_info = {name: info(found) for name, found in gradient_info.items()}
+        self.other_info = [info(found) for found in other_info]
         self.waiting = [k for k, reads in enumerate(self.reads) if reads]
 
     def _rebucket_info(self) -> None:
@@ -221,11 +362,7 @@ class PlanState:
         and per waiting kernel: the collectives it reads, by gradient name or by
         the other collective's task."""
         pos = self.pos
-        name_of = {
-            a: self.index.atoms[a][0].name
-            for a in range(len(self.index.atoms))
-            if not self.index.is_compute[a]
-        }
+        name_of = self.name_of
         self.gradient_last = {
             name: max((pos[k] for k in info[3]), default=-1)
             for name, info in self.gradient_info.items()
@@ -247,45 +384,39 @@ class PlanState:
             )
             for k in self.waiting
         ]
+        # The common case apart: a kernel that reads one gradient and nothing else.
+        self.wait_one_gradient = [
+            (position, names[0])
+            for position, names, others in self.wait_reads
+            if len(names) == 1 and not others
+        ]
+        self.wait_other_reads = [
+            entry for entry in self.wait_reads if len(entry[1]) != 1 or entry[2]
+        ]
 
     def _rebucket_time(self, buckets) -> int:
         """Iteration ps of this plan's kernels with `buckets` (gpu-streams)."""
         streams = max(1, self.profile.communication_streams)
-        bucket_of: dict[str, int] = {}
-        comm_ps, copy_ps, stream, last, comm_waits = [], [], [], [], []
-        info, gradient_last, cache = self.gradient_info, self.gradient_last, self._comm_cost_cache
+        bucket_of = {name: number for number, bucket in enumerate(buckets) for name in bucket}
         bucket_cache = self._bucket_cache
-        for number, bucket in enumerate(buckets):
-            for name in bucket:
-                bucket_of[name] = number
-            known = bucket_cache.get(bucket)
-            if known is None:
-                size = sum(info[name][0] for name in bucket)
-                producer = max(gradient_last[name] for name in bucket)
-                elements = info[bucket[0]][5] if len(bucket) == 1 else ()
-                key = (size, len(bucket) > 1, elements)
-                costs = cache.get(key)
-                if costs is None:
-                    costs = cache[key] = communication_ps(
-                        size, len(bucket), self.profile, self.comm_cost, elements
-                    )
-                known = bucket_cache[bucket] = (costs[0], costs[1], producer)
-            comm_ps.append(known[0])
-            copy_ps.append(known[1])
-            stream.append(number % streams)
-            last.append(known[2])
+        known = [bucket_cache.get(bucket) or self._bucket_costs(bucket) for bucket in buckets]
+        comm_ps = [entry[0] for entry in known]
+        copy_ps = [entry[1] for entry in known]
+        last = [entry[2] for entry in known]
+        stream = [number % streams for number in range(len(buckets))]
         others_from = len(buckets)
-        for number, bucket in enumerate(buckets):
-            if not self.gradients_read_collectives:
-                comm_waits.append([])
-                continue
-            reads = set()
-            for name in bucket:
-                gradients, others = self.gradient_reads[name]
-                reads.update(bucket_of[read] for read in gradients)
-                reads.update(others_from + other for other in others)
-            reads.discard(number)
-            comm_waits.append(sorted(reads))
+        if self.gradients_read_collectives:
+            comm_waits = []
+            for number, bucket in enumerate(buckets):
+                reads = set()
+                for name in bucket:
+                    gradients, others = self.gradient_reads[name]
+                    reads.update(bucket_of[read] for read in gradients)
+                    reads.update(others_from + other for other in others)
+                reads.discard(number)
+                comm_waits.append(sorted(reads))
+        else:
+            comm_waits = [()] * len(buckets)
         offset = len(self.buckets)
         for number in range(len(self.others)):
             task = offset + number
@@ -298,14 +429,14 @@ class PlanState:
                 if all(c >= offset for c in self.comm_waits[task])
                 else self._remapped_waits(task, bucket_of, others_from)
             )
-        waits = {}
-        for position, names, others in self.wait_reads:
+        waits = {position: [bucket_of[name]] for position, name in self.wait_one_gradient}
+        for position, names, others in self.wait_other_reads:
             comms = {bucket_of[n] for n in names}
             comms.update(others_from + o for o in others)
             waits[position] = sorted(comms)
-        return streams_iteration_ps(
+        return self.step_ps + streams_iteration_ps(
             len(self.order),
-            lambda positions: [self.prefix[p] for p in positions],
+            lambda positions: list(map(self.prefix.__getitem__, positions)),
             waits,
             comm_ps,
             copy_ps,
@@ -313,6 +444,21 @@ class PlanState:
             last,
             comm_waits,
         )
+
+    def _bucket_costs(self, bucket: tuple[str, ...]) -> tuple[int, int, int]:
+        """(all-reduce ps, copy ps, last producer's position) of a bucket, cached."""
+        info = self.gradient_info
+        size = sum(info[name][0] for name in bucket)
+        producer = max(self.gradient_last[name] for name in bucket)
+        elements = info[bucket[0]][5] if len(bucket) == 1 else ()
+        key = (size, len(bucket) > 1, elements)
+        costs = self._comm_cost_cache.get(key)
+        if costs is None:
+            costs = self._comm_cost_cache[key] = communication_ps(
+                size, len(bucket), self.profile, self.comm_cost, elements
+            )
+        found = self._bucket_cache[bucket] = (costs[0], costs[1], producer)
+        return found
 
     def _remapped_waits(self, task: int, bucket_of: dict[str, int], others_from: int) -> list[int]:
         """Another collective's reads under new buckets (rare: a collective of a
@@ -385,6 +531,12 @@ class PlanState:
         # Waiting kernels by position, and the tasks each kernel produces for.
         self.wait_list = sorted((pos[k], k, c) for k, c in self.wait_comms.items())
         self.wait_positions = [entry[0] for entry in self.wait_list]
+        # The first position where the timeline meets communication: a kernel
+        # that reads a collective, or the last producer of one (-1: a collective
+        # with no producer).
+        self.first_point = min(
+            self.wait_positions[:1] + self.last_producer, default=len(self.order)
+        )
         self.comms_of_kernel: dict[int, list[int]] = {}
         for number, kernels in enumerate(self.producers):
             for kernel in kernels:
@@ -413,15 +565,16 @@ class PlanState:
                     "wait_comms",
                     "wait_list",
                     "wait_positions",
+                    "first_point",
                     "comms_of_kernel",
                 )
             }
             self._set_buckets(change.buckets)
         try:
             waits = {self.pos[k]: comms for k, comms in self.wait_comms.items()}
-            return streams_iteration_ps(
+            return self.step_ps + streams_iteration_ps(
                 len(self.order),
-                lambda positions: [self.prefix[p] for p in positions],
+                lambda positions: list(map(self.prefix.__getitem__, positions)),
                 waits,
                 self.comm_ps,
                 self.copy_ps,
@@ -498,11 +651,7 @@ class PlanState:
 
     def halves(self, kernel: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The group's instructions in module order, cut in the middle."""
-        members = sorted(
-            self.groups[self.instances[kernel][0]], key=self.index.name_position.__getitem__
-        )
-        middle = len(members) // 2
-        return tuple(members[:middle]), tuple(members[middle:])
+        return self.costs.halves(self.groups[self.instances[kernel][0]])
 
     def _merged(self, first: int, second: int) -> tuple[str, ...]:
         """Both groups' instructions in module order."""
@@ -535,12 +684,10 @@ class PlanState:
                 return None
             removed = (change.kernel,)
             groups = list(self.halves(change.kernel))
-            by_name = self.index.by_name
-            key = self.instances[change.kernel][1]
-            new_atoms = [
-                [self.index.atom_of[(id(by_name[n]), key)] for n in half] for half in groups
-            ]
-            group_rank = self.priority[change.kernel][1]
+            # A group run once has one part, in its computation's only instance.
+            halves = [self.costs.kernel_parts(half)[0] for half in groups]
+            new_atoms = [list(half.atoms) for half in halves]
+            group_rank = self.priority[change.kernel][2]
             ranks = [(group_rank, 0), (group_rank, 1)]
             units = [0, 1]
         new_ids = list(range(count, count + len(groups)))
@@ -565,22 +712,23 @@ class PlanState:
             new_succs[merged] = users
             for user in users:
                 readers_of_new[user] = {merged}
+            new_reads[merged] = self.reads[removed[0]] | self.reads[removed[1]]
+            kernel_ranks = [self.index.kernel_rank(new_atoms[0])]
         else:  # a split: edges from the atoms of each half
-            order_inputs, order_users = self.index.order_inputs, self.index.order_users
-            for kernel, atoms in zip(new_ids, new_atoms, strict=True):
-                preds = {kernel_of(s) for atom in atoms for s in order_inputs[atom]}
+            for kernel, half in zip(new_ids, halves, strict=True):
+                preds = {kernel_of(s) for s in half.order_sources}
                 preds.discard(kernel)
                 new_preds[kernel] = preds
-                for atom in atoms:
-                    for user_atom in order_users[atom]:
-                        user = kernel_of(user_atom)
-                        if user != kernel:
-                            new_succs[kernel].add(user)
-                            if user < count:
-                                readers_of_new.setdefault(user, set()).add(kernel)
-        for kernel, atoms, rank in zip(new_ids, new_atoms, ranks, strict=True):
-            new_reads[kernel] = self._reads_of(atoms)
-            new_priority[kernel] = (bool(new_reads[kernel]), *rank, ())
+                for user_atom in half.order_targets:
+                    user = kernel_of(user_atom)
+                    if user != kernel:
+                        new_succs[kernel].add(user)
+                        if user < count:
+                            readers_of_new.setdefault(user, set()).add(kernel)
+                new_reads[kernel] = half.reads
+            kernel_ranks = [half.rank for half in halves]
+        for kernel, rank, kernel_rank in zip(new_ids, ranks, kernel_ranks, strict=True):
+            new_priority[kernel] = (bool(new_reads[kernel]), kernel_rank, *rank, ())
         order, pos = self.order, self.pos
         # Nothing changes before the first removed kernel or the first step at
         # which a new kernel could be ready (it may rank above what ran there).
@@ -590,7 +738,24 @@ class PlanState:
             start = min(start, earliest)
         if max(pos[k] for k in removed) - start > MAX_REORDER_KERNELS:
             return None  # the order would change over too long a stretch: not evaluated
-        duration = dict(zip(new_ids, self.costs.durations(groups), strict=True))
+        # Skip the steps where the child runs what the parent ran: until a removed
+        # kernel, the parent's pick is ready in the child too and is the lowest
+        # there, unless a new kernel is ready and ranks lower. The skipped steps
+        # still count towards the reordering limit.
+        skipped_from = start
+        ready_from = {
+            kernel: 1 + max((pos[p] for p in preds), default=-1)
+            for kernel, preds in new_preds.items()
+            if all(p < count for p in preds)
+        }
+        first_removed = min(pos[k] for k in removed)
+        priority = self.priority
+        while start < first_removed:
+            here = priority[order[start]]
+            if any(at <= start and new_priority[k] < here for k, at in ready_from.items()):
+                break
+            start += 1
+        skipped = start - skipped_from
 
         def preds_of(kernel):
             if kernel >= count:
@@ -605,21 +770,31 @@ class PlanState:
             for pred in new_preds[kernel]:
                 new_readers_of.setdefault(pred, []).append(kernel)
 
-        def succs_of(kernel):
-            if kernel >= count:
-                return new_succs[kernel]
-            found = [u for u in self.succs[kernel] if u not in removed_set]
-            return found + new_readers_of.get(kernel, [])
-
         def priority_of(kernel):
             return new_priority[kernel] if kernel in new_priority else self.priority[kernel]
 
-        ready_positions = np.flatnonzero(self.max_pred_position[start:] < start) + start
-        ready = [order[p] for p in ready_positions.tolist() if order[p] not in removed_set]
-        for kernel in new_ids:
-            if all(p not in new_preds and pos[p] < start for p in new_preds[kernel]):
-                ready.append(kernel)
-        heap = [(priority_of(k), k) for k in ready]
+        # The parent's kernels ready at `start` (all their inputs ran before it)
+        # stay ready until they run, so the parent ran them in priority order: in
+        # position order they are sorted, and they merge with the heap of the
+        # kernels that become ready later without being pushed onto it.
+        max_pred_position = self.max_pred_position
+
+        def ready_at_start():
+            for low in range(start, count, 256):
+                chunk = max_pred_position[low : low + 256]
+                for position in (np.flatnonzero(chunk < start) + low).tolist():
+                    kernel = order[position]
+                    if kernel not in removed_set:
+                        yield kernel
+
+        sorted_ready = ready_at_start()
+        next_ready = next(sorted_ready, None)
+        next_priority = None if next_ready is None else self.priority[next_ready]
+        heap = [
+            (priority_of(kernel), kernel)
+            for kernel in new_ids
+            if all(p not in new_preds and pos[p] < start for p in new_preds[kernel])
+        ]
         heapq.heapify(heap)
         emitted: set[int] = set()
         remaining: dict[int, int] = {}
@@ -630,10 +805,15 @@ class PlanState:
         parent_at = start
         window: list[int] = []
         heappop, heappush = heapq.heappop, heapq.heappush
-        while heap:
-            kernel = heappop(heap)[1]
+        while heap or next_ready is not None:
+            if next_ready is not None and (not heap or next_priority < heap[0][0]):
+                kernel = next_ready
+                next_ready = next(sorted_ready, None)
+                next_priority = None if next_ready is None else self.priority[next_ready]
+            else:
+                kernel = heappop(heap)[1]
             window.append(kernel)
-            if len(window) > MAX_REORDER_KERNELS:
+            if len(window) + skipped > MAX_REORDER_KERNELS:
                 return None  # the order changes over too long a stretch: not evaluated
             emitted.add(kernel)
             units = unit_of.get(kernel)
@@ -658,8 +838,15 @@ class PlanState:
                     extra_parent.add(item)
             if not extra_child and not extra_parent and all(k in emitted for k in new_ids):
                 break
-            for user in succs_of(kernel):
-                if user in emitted:
+            if kernel < count:
+                users = self.succs[kernel]
+                extra_users = new_readers_of.get(kernel)
+                if extra_users:
+                    users = list(users) + extra_users
+            else:
+                users = new_succs[kernel]
+            for user in users:
+                if user in emitted or user in removed_set:
                     continue
                 left = remaining.get(user)
                 if left is not None:
@@ -675,6 +862,8 @@ class PlanState:
         else:
             if len(window) != count - len(removed) + len(new_ids) - start:
                 return None  # a cycle: not a legal plan
+        # The new kernels' durations, once the change is known to be evaluated.
+        duration = dict(zip(new_ids, self.costs.durations(groups), strict=True))
         return _Child(
             change,
             removed,
@@ -691,6 +880,13 @@ class PlanState:
 
     def _child_time(self, child: _Child) -> int:
         start, window, parent_at = child.start, child.window, child.parent_at
+        if parent_at <= self.first_point and not any(child.reads.values()):
+            # The change and its reordering end before the timeline first meets
+            # communication, and the new kernels read none: every later time is
+            # a max-plus expression of prefix sums past the window, so the whole
+            # timeline after it moves by the window's change in duration.
+            removed_ps = sum(self.duration[kernel] for kernel in child.removed)
+            return self.iteration_ps + sum(child.duration.values()) - removed_ps
         prefix = self.prefix
         window_prefix = [prefix[start]]
         for kernel in window:
@@ -748,7 +944,7 @@ class PlanState:
             elif parent_last >= parent_at:
                 last[number] = parent_last + shift
         kernel_count = len(self.order) - len(removed) + len(child.new_ids)
-        return streams_iteration_ps(
+        return self.step_ps + streams_iteration_ps(
             kernel_count,
             prefix_ps,
             waits,

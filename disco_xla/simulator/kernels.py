@@ -14,9 +14,11 @@ instance of the computation's kernels, told apart by the chain of call sites
 
 Kernel order: the compute stream runs the kernels in a topological order (Kahn's
 algorithm). When several kernels are ready, those that read no all-reduce result
-go first, as a latency-hiding scheduler would run them, then the one whose fusion
-group comes first in the plan (instances of one group by call site). The order of
-a plan's fusion groups is therefore its scheduling priority. For the order, a
+go first, as a latency-hiding scheduler would run them; among those that do, the
+ones whose all-reduces are fed earliest in the module go first (the optimizer
+update of the gradient computed first, whose communication ends first); then the
+one whose fusion group comes first in the plan (instances of one group by call
+site). The order of a plan's fusion groups is therefore its scheduling priority. For the order, a
 kernel that reads an all-reduce result waits for the kernels that produced that
 gradient (not for the rest of its bucket), so the order does not change with the
 buckets; the simulator then makes it wait for its whole bucket.
@@ -68,15 +70,35 @@ class Kernel:
                 f"#{position[id(o)]}" if id(o) in position else f"in:{o.shape}"
                 for o in instr.operands
             ]
-            proto = instr.proto
-            attributes = (
-                list(proto.dimensions),
-                list(proto.dot_dimension_numbers.lhs_contracting_dimensions),
-                list(proto.dot_dimension_numbers.rhs_contracting_dimensions),
-                [(w.size, w.stride) for w in proto.window.dimensions],
-            )
-            parts.append(f"{instr.opcode}:{instr.shape}:{operands}:{attributes}")
+            before, after = _signature(instr)
+            parts.append(f"{before}{operands}{after}")
         return hashlib.sha1("|".join(parts).encode()).hexdigest()
+
+
+# Each instruction's part of a structural hash around its operands, by id. The
+# entry keeps the instruction alive, so its id cannot be reused while cached.
+_SIGNATURES: dict[int, tuple[Instruction, str, str]] = {}
+_MAX_SIGNATURES = 500_000
+
+
+def _signature(instr: Instruction) -> tuple[str, str]:
+    """The text before and after the operands in `instr`'s part of a structural
+    hash: opcode and shape, then attributes."""
+    found = _SIGNATURES.get(id(instr))
+    if found is not None and found[0] is instr:
+        return found[1], found[2]
+    proto = instr.proto
+    attributes = (
+        list(proto.dimensions),
+        list(proto.dot_dimension_numbers.lhs_contracting_dimensions),
+        list(proto.dot_dimension_numbers.rhs_contracting_dimensions),
+        [(w.size, w.stride) for w in proto.window.dimensions],
+    )
+    if len(_SIGNATURES) >= _MAX_SIGNATURES:
+        _SIGNATURES.clear()
+    before, after = f"{instr.opcode}:{instr.shape}:", f":{attributes}"
+    _SIGNATURES[id(instr)] = (instr, before, after)
+    return before, after
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,9 @@ class TaskGraph:
     # (several tensors sent by one instruction, without concatenation), or () for
     # one message. Missing entries mean one message.
     tuple_element_bytes: list[tuple[int, ...]] = field(default_factory=list)
+    # True when each collective runs in line with the kernels: the compute stream
+    # waits for it to finish, as under XLA:GPU without its latency-hiding scheduler.
+    collectives_block_compute: bool = False
 
     def tuple_elements(self, communication: int) -> tuple[int, ...]:
         """The tensor sizes of communication task `communication` if it is a tuple
@@ -336,6 +361,24 @@ class ModuleIndex:
         self.is_expensive = [i.opcode in EXPENSIVE_OPCODES for i, _ in self.atoms]
 
     @cached_property
+    def late_read_rank(self) -> list[int]:
+        """For each atom, how late the all-reduce results it reads are ready: one
+        more than the largest atom number (a topological position) among the
+        atoms that feed those all-reduces; 0 for an atom that reads none. It ranks
+        the kernels that wait for communication (`kernel_priority`)."""
+        inputs, is_compute = self.inputs, self.is_compute
+        ready = [max(inputs[a], default=a) if not is_compute[a] else 0 for a in range(len(inputs))]
+        return [
+            max((ready[s] + 1 for s in inputs[a] if not is_compute[s]), default=0)
+            for a in range(len(inputs))
+        ]
+
+    def kernel_rank(self, atoms) -> int:
+        """`late_read_rank` of a kernel: the largest of its atoms'."""
+        rank = self.late_read_rank
+        return max((rank[a] for a in atoms), default=0)
+
+    @cached_property
     def name_position(self) -> dict[str, int]:
         """Each instruction's place in the module's topological order, by name."""
         return {name: self.position[id(instr)] for name, instr in self.by_name.items()}
@@ -476,13 +519,19 @@ def kernel_order(priority: list, predecessors: list[set[int]]) -> list[int]:
     return order
 
 
-def build_task_graph(module: HloModule, plan: Plan, tuple_buckets: bool = False) -> TaskGraph:
+def build_task_graph(
+    module: HloModule,
+    plan: Plan,
+    tuple_buckets: bool = False,
+    collectives_block_compute: bool = False,
+) -> TaskGraph:
     """The tasks of `plan` on `module` (the plan must have passed `verify_plan`).
 
     A bucket of several gradients is sent as one concatenated message (what the
     rewrite makes), or, with `tuple_buckets`, as a tuple all-reduce (what XLA's
     own combiner makes). An all-reduce instruction of tuple shape, as in a module
-    XLA compiled, is always a tuple all-reduce."""
+    XLA compiled, is always a tuple all-reduce. With `collectives_block_compute`
+    the compute stream waits for each collective (`TaskGraph`)."""
     index = module_index(module)
     by_name = index.by_name
     instances, kernel_of_atom = kernel_instances(index, plan)
@@ -528,7 +577,13 @@ def build_task_graph(module: HloModule, plan: Plan, tuple_buckets: bool = False)
     for atom, kernel in kernel_of_atom.items():
         if not reads_comm[kernel] and any(not index.is_compute[s] for s in index.inputs[atom]):
             reads_comm[kernel] = True
-    priority = [(reads_comm[k], group, key) for k, (group, key) in enumerate(instances)]
+    atoms_of_kernel: list[list[int]] = [[] for _ in range(kernel_count)]
+    for atom, kernel in kernel_of_atom.items():
+        atoms_of_kernel[kernel].append(atom)
+    priority = [
+        (reads_comm[k], index.kernel_rank(atoms_of_kernel[k]), group, key)
+        for k, (group, key) in enumerate(instances)
+    ]
     order = kernel_order(priority, order_preds)
     renumber = {old: new for new, old in enumerate(order)}
     renumber.update({t: t for t in range(kernel_count, len(dependencies))})
@@ -542,4 +597,11 @@ def build_task_graph(module: HloModule, plan: Plan, tuple_buckets: bool = False)
     ordered_dependencies += [
         sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
     ]
-    return TaskGraph(kernels, communications, ordered_dependencies, is_bucket, tuple_element_bytes)
+    return TaskGraph(
+        kernels,
+        communications,
+        ordered_dependencies,
+        is_bucket,
+        tuple_element_bytes,
+        collectives_block_compute,
+    )

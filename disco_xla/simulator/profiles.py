@@ -6,11 +6,17 @@ A profile is a YAML file (`configs/clusters/NAME.yaml`, or any path). It gives:
   `cpu-threads` (K executor threads; a blocking collective occupies one);
 - `device`: peak FLOP/s per dtype, memory bandwidth, kernel launch overhead;
 - `topology`: devices per node and nodes (their product is the number of workers);
-- `links`: bandwidth and latency inside a node and between nodes;
+- `links`: bandwidth and latency inside a node and between nodes. The link
+  between nodes may say `per: node` when one network adapter serves all the
+  node's devices (its bandwidth is then shared by them); the default, `per:
+  device`, is an adapter for each device;
 - `all_reduce`: `ring` or `hierarchical`;
 - optionally `overlap` (false when collectives never run beside compute),
-  `communication_streams`, `compute_threads`, and `efficiency` factors per op class
-  for the roofline.
+  `communication_streams`, `compute_threads`, `efficiency` factors per op class
+  for the roofline, and the host's cost of a step: `step_overhead_s` plus
+  `step_buffer_s` for each argument and result buffer (both 0 unless
+  `disco-xla calibrate` measured them), and `kernel_time_scale`, the factor
+  kernels take on cores the workers share (1 unless measured).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ def profile_directories() -> list[Path]:
 class Link:
     bandwidth_bytes_per_s: float
     latency_s: float
+    shared_by_node: bool = False  # one adapter for all the node's devices (`per: node`)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,17 @@ class ClusterProfile:
     # measures it (a psum over a tuple of 36 tensors took 11.0 ms on 2 gloo
     # processes, against 0.51 ms for the same bytes concatenated).
     tuple_all_reduce_element_s: float = 0.0
+    # The host's cost of one step beyond its kernels and collectives (dispatch to
+    # every worker, results handed back): step_overhead_s + step_buffer_s · (the
+    # step's argument and result buffers). `disco-xla calibrate` measures both
+    # on empty steps (`calibrate.StepOverhead`); 0 where not measured.
+    step_overhead_s: float = 0.0
+    step_buffer_s: float = 0.0
+    # Wall time per second of kernel time while every worker computes at once: the
+    # workers share the cores, and a kernel waits while another worker's runs.
+    # `disco-xla calibrate` measures it on a probe against the profiler's kernel
+    # times (`calibrate.StepCosts`); 1 where not measured.
+    kernel_time_scale: float = 1.0
     efficiency: dict[str, float] = field(default_factory=dict)
     # (bytes, seconds) all-reduce times measured by `disco-xla calibrate` over this
     # profile's workers, by size. Where present, the communication model reads
@@ -87,6 +105,9 @@ _OPTIONAL = {
     "communication_streams": int,
     "compute_threads": int,
     "tuple_all_reduce_element_s": object,  # a number >= 0, checked below
+    "step_overhead_s": object,  # a number >= 0, checked below
+    "step_buffer_s": object,  # a number >= 0, checked below
+    "kernel_time_scale": object,  # a number > 0, checked below
     "efficiency": dict,
     "description": str,
     "calibration": dict,
@@ -169,6 +190,11 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
             source,
             allow_zero=True,
         ),
+        step_overhead_s=_non_negative(data, "step_overhead_s", source),
+        step_buffer_s=_non_negative(data, "step_buffer_s", source),
+        kernel_time_scale=_positive(
+            {"scale": data.get("kernel_time_scale", 1.0)}, "scale", "kernel_time", source
+        ),
         all_reduce_points=_calibration_points(data.get("calibration", {}), source),
         efficiency=_number_map(data, "efficiency", "efficiency", source)
         if "efficiency" in data
@@ -190,6 +216,14 @@ def _calibration_points(calibration: dict, source: str) -> tuple[tuple[float, fl
             for p in points
         )
     )
+
+
+def _non_negative(data: dict, key: str, source: str) -> float:
+    """An optional top-level number >= 0 (0 when absent)."""
+    value = data.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise DiscoInputError(source, f"bad key {key!r}: expected a number >= 0")
+    return float(value)
 
 
 def _expect(value, kind, key: str, source: str) -> None:
@@ -219,7 +253,11 @@ def _link(links: dict, key: str, source: str) -> Link:
     link = links.get(key)
     if not isinstance(link, dict):
         raise DiscoInputError(source, f"bad or missing key 'links.{key}'")
+    per = link.get("per", "device")
+    if per not in ("device", "node"):
+        raise DiscoInputError(source, f"bad key 'links.{key}.per': use device or node")
     return Link(
         bandwidth_bytes_per_s=_positive(link, "bandwidth_bytes_per_s", f"links.{key}", source),
         latency_s=_positive(link, "latency_s", f"links.{key}", source, allow_zero=True),
+        shared_by_node=per == "node",
     )

@@ -38,9 +38,50 @@ def test_two_processes_measure_and_simulate_none_xla_and_a_hand_picked_bucketing
     assert report["all_equal_to_xla"]
     for row in rows.values():
         assert row["measured_ms"] > 0 and row["simulated_ms"] > 0 and row["table_misses"] == 0
+        # The same program with the shipped GNN's and the roofline's kernel times.
+        predicted = row["simulated_ms_ablated"]
+        assert predicted["gnn_cost_model"] > 0 and predicted["roofline_cost_model"] > 0
+        assert predicted["gnn_cost_model"] != row["simulated_ms"]
     # vgg19 tiny has 38 gradients and a mean loss: one all-reduce each without the
     # combiner, XLA's one tuple all-reduce, and three buckets plus the loss.
     assert rows["none"]["all_reduces"] == 39
     assert rows["xla"]["all_reduces"] == 1
     assert rows["buckets"]["all_reduces"] == 4
     assert rows["xla"]["kernels"] < rows["none"]["kernels"]
+
+
+def test_a_step_hands_over_its_parameters_and_results():
+    from benchmarks.validate_simulator import step_buffers
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from tests.simulator.test_simulator import TWO_GRADIENTS
+
+    # Three parameters in, a tuple of two updates out.
+    assert step_buffers(module_from_text(TWO_GRADIENTS)) == 5
+
+
+def test_probes_timed_with_the_plans_set_the_kernel_scale_and_move_the_points():
+    import dataclasses
+
+    import pytest
+
+    from benchmarks.validate_simulator import IN_STEP, IN_STEP_NONE, PROBE, with_probes
+    from disco_xla.simulator.calibrate import IN_STEP_ROUNDS
+    from disco_xla.simulator.profiles import load_profile
+
+    profile = dataclasses.replace(
+        load_profile("cpu-local-inprocess"),
+        step_overhead_s=1e-5,
+        step_buffer_s=5e-6,
+        all_reduce_points=((4096.0, 2e-5), (65536.0, 1e-4)),
+    )
+    times = {
+        PROBE: [3e-3, 2e-5 + 4e-3, 9e-3],  # median: the empty step (20 us) + 4 ms
+        IN_STEP: [1e-3 + IN_STEP_ROUNDS * 5e-5] * 3,
+        IN_STEP_NONE: [1e-3] * 3,
+    }
+    now = with_probes(profile, times, probe_kernel_s=2e-3)
+    assert now.kernel_time_scale == pytest.approx(2.0)
+    # A 4 KB all-reduce now adds 50 us to a step; every point moves by 30 us.
+    assert [size for size, _ in now.all_reduce_points] == [4096.0, 65536.0]
+    assert [t for _, t in now.all_reduce_points] == pytest.approx([5e-5, 1.3e-4])
+    assert now.step_overhead_s == profile.step_overhead_s

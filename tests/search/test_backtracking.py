@@ -82,6 +82,7 @@ def test_optimize_cli_writes_the_same_plan_twice_and_reports_baselines(module_fi
     assert set(report["baselines"]) == {
         "none",
         "xla",
+        "xla-overlap",
         "xla-nocombine",
         "horovod",
         "horovod-legacy",

@@ -13,7 +13,7 @@ from disco_xla.runtime.xla_runner import compile_module
 from disco_xla.search.backtracking import _critical, _neighbours, critical_names
 from disco_xla.search.baselines import BASELINES, captured_baselines
 from disco_xla.search.compare import ROWS, compare_plans
-from disco_xla.search.xla_fusion import xla_fusion_plan
+from disco_xla.search.xla_fusion import split_unconnected, xla_fusion_groups, xla_fusion_plan
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.incremental import Fuse, PlanState, Rebucket
@@ -49,6 +49,33 @@ def test_xla_fusion_plan_is_legal_and_groups_like_xla(captured, name):
     assert abs(mapped.compute_s - own.compute_s) < abs(unfused.compute_s - own.compute_s)
 
 
+def test_every_mapped_group_is_joined_by_data_edges(step_and_compiled):
+    # An op_name can stand for many instructions (the optimizer's update of each
+    # parameter has the same one); matching by op_name alone joins them into
+    # groups that XLA never made.
+    step, compiled = step_and_compiled
+    by_name = {i.name: i for i in step.instructions()}
+    joined = xla_fusion_groups(step, compiled)
+    assert split_unconnected(joined, step) != joined  # the mapping alone does join them
+    plan = xla_fusion_plan(step, compiled)
+    verify_plan(plan, step)
+    for group in plan.fusion_groups:
+        members = set(group)
+        work = [n for n in group if by_name[n].opcode not in ("reshape", "broadcast")]
+        if len(work) < 2:
+            continue
+        # Every member that does work is reached from the group's first such
+        # member through edges inside the group.
+        reached, stack = {work[0]}, [work[0]]
+        while stack:
+            instr = by_name[stack.pop()]
+            for other in instr.operands + instr.users:
+                if other.name in members and other.name not in reached:
+                    reached.add(other.name)
+                    stack.append(other.name)
+        assert set(work) <= reached, group
+
+
 @pytest.mark.parametrize("cluster", ["cpu-local", "a100-2x8-100g"])
 def test_every_baseline_is_a_legal_plan_over_the_captured_module(step_and_compiled, cluster):
     step, compiled = step_and_compiled
@@ -59,15 +86,32 @@ def test_every_baseline_is_a_legal_plan_over_the_captured_module(step_and_compil
         verify_plan(baseline.plan, step, source=name)
     gradients = len(step.gradient_all_reduces)
     assert len(baselines["xla-nocombine"].plan.all_reduce_buckets) == gradients
+    cost_model = RooflineCostModel(profile)
     if cluster == "cpu-local":  # XLA:CPU combines everything into one all-reduce
         assert len(baselines["xla"].plan.all_reduce_buckets) == 1
         # ... a tuple all-reduce, which costs a latency per tensor after the first.
         graph = baselines["xla"].task_graph()
         assert len(graph.tuple_elements(0)) == gradients
         assert profile.tuple_all_reduce_element_s > 0
+        # XLA:CPU has no asynchronous collectives: overlap changes nothing.
+        assert baselines["xla-overlap"].plan == baselines["xla"].plan
+        assert baselines["xla-overlap"].tuple_buckets
+        assert not any(b.collectives_block_compute for b in baselines.values())
     else:  # XLA:GPU's combined groups are one message each
         assert not baselines["xla"].tuple_buckets
-    assert not any(baselines[n].tuple_buckets for n in BASELINES if n != "xla")
+        # Without the latency-hiding scheduler XLA's collectives hold the compute
+        # stream; with it the same groups run beside compute.
+        blocking = {n for n, b in baselines.items() if b.collectives_block_compute}
+        assert blocking == {"xla", "xla-nocombine"}
+        assert baselines["xla-overlap"].plan == baselines["xla"].plan
+        inline = simulate(baselines["xla"].task_graph(), profile, cost_model)
+        beside = simulate(baselines["xla-overlap"].task_graph(), profile, cost_model)
+        assert inline.exposed_comm_s == pytest.approx(inline.comm_s)
+        assert inline.iteration_s == pytest.approx(inline.compute_s + inline.comm_s)
+        assert beside.exposed_comm_s < beside.comm_s
+        assert beside.iteration_s < inline.iteration_s
+    tuple_names = {"xla", "xla-overlap"} if cluster == "cpu-local" else set()
+    assert {n for n, b in baselines.items() if b.tuple_buckets} == tuple_names
     fused = baselines["xla"].plan.fusion_groups
     assert all(baselines[n].plan.fusion_groups == fused for n in BASELINES if n != "none")
 

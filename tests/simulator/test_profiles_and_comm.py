@@ -40,8 +40,26 @@ def test_hierarchical_beats_a_flat_ring_over_a_slow_network():
     size = 100e6
     assert all_reduce_s(size, hierarchical) < all_reduce_s(size, flat)
     inside = 2 * (7 * 5e-6 + 7 / 8 * size / 150e9)
-    across = 2 * 25e-6 + size / 8 / 3.125e9
+    # One 25 Gbit/s adapter per node: the 8 rings across nodes, each on 1/8 of the
+    # bytes, share it.
+    assert hierarchical.inter_node.shared_by_node
+    across = 2 * 25e-6 + size / 3.125e9
     assert all_reduce_s(size, hierarchical) == pytest.approx(inside + across)
+
+
+def test_an_adapter_per_device_gives_each_ring_across_nodes_its_own_link():
+    profile = load_profile("h200-8x8-ib400")  # 8 nodes x 8 GPUs, 50 GB/s per GPU
+    assert not profile.inter_node.shared_by_node
+    size = 100e6
+    inside = 2 * (7 * 3e-6 + 7 / 8 * size / 450e9)
+    across = 2 * 7 * 5e-6 + 2 * 7 / 8 * (size / 8) / 50e9
+    assert all_reduce_s(size, profile) == pytest.approx(inside + across)
+    shared = profile.__class__(
+        **{**profile.__dict__, "inter_node": Link(50e9, 5e-6, shared_by_node=True)}
+    )
+    assert all_reduce_s(size, shared) - inside == pytest.approx(
+        2 * 7 * 5e-6 + 2 * 7 / 8 * size / 50e9
+    )
 
 
 def test_a_calibrated_profile_reads_its_measured_points():
@@ -73,8 +91,12 @@ def test_unknown_profile_name_lists_the_valid_ones():
         (lambda d: d.update(colour="blue"), "unknown key 'colour'"),
         (lambda d: d["device"]["peak_flops"].update(f32="fast"), "device.peak_flops.f32"),
         (lambda d: d.update(all_reduce="tree"), "bad key 'all_reduce'"),
+        (lambda d: d["links"]["inter_node"].update(per="rack"), "links.inter_node.per"),
         (lambda d: d["topology"].update(nodes=0), "topology.nodes"),
         (lambda d: d.update(tuple_all_reduce_element_s=-1), "tuple_all_reduce_element"),
+        (lambda d: d.update(step_overhead_s=-1e-6), "step_overhead_s"),
+        (lambda d: d.update(step_buffer_s="slow"), "step_buffer_s"),
+        (lambda d: d.update(kernel_time_scale=0), "kernel_time"),
         (lambda d: d.update(calibration={"points": [{"bytes": 4096}]}), "calibration.points"),
     ],
 )
@@ -127,6 +149,16 @@ def test_calibrate_measures_fits_and_writes_a_loadable_profile(tmp_path, where):
     # XLA:CPU sends a tuple all-reduce's tensors one after another, on both runtimes.
     assert report["tuple_all_reduce_element_s"] > 0
     assert profile.tuple_all_reduce_element_s == pytest.approx(report["tuple_all_reduce_element_s"])
+    # What a step costs beyond kernels and all-reduces, measured on empty steps and
+    # probes, goes into the profile; the points are what an all-reduce adds to a step.
+    assert report["step_buffer_s"] > 0 and report["empty_step_s"] > 0
+    assert report["kernel_time_scale"] > 0 and report["all_reduce_in_step_s"] >= 0
+    assert profile.step_overhead_s == pytest.approx(report["step_overhead_s"])
+    assert profile.step_buffer_s == pytest.approx(report["step_buffer_s"])
+    assert profile.kernel_time_scale == pytest.approx(report["kernel_time_scale"])
+    assert min(t for _, t in profile.all_reduce_points) == pytest.approx(
+        max(report["all_reduce_in_step_s"], 1e-9)
+    )
 
 
 def test_calibrate_refuses_a_single_worker():

@@ -78,6 +78,37 @@ def test_gpu_streams_overlap_the_first_all_reduce_with_the_second_gradient(modul
     assert result.critical_path[-1] == "update2"
 
 
+def test_collectives_that_block_compute_hold_the_stream_until_they_end(module):
+    # XLA:GPU without its latency-hiding scheduler: each all-reduce runs as soon
+    # as its gradient is ready, and the next kernel waits for it.
+    profile = load_profile("a100-2x8-100g")
+    plan = Plan.unfused(module)
+    graph, costs = timed(module, plan, profile)
+    blocking = dataclasses.replace(graph, collectives_block_compute=True)
+    result = simulate(blocking, profile, costs)
+    comm = all_reduce_s(4096, profile)
+    # forward, grad1, mean1, grad2, mean2, update1, update2, one after another
+    assert result.iteration_s == pytest.approx(sum(KERNEL_S.values()) + 2 * comm)
+    assert result.exposed_comm_s == pytest.approx(2 * comm)
+    starts = {e.name: e.start_s for e in result.events}
+    assert starts["grad2"] == pytest.approx(3e-3 + 2e-3 + comm)
+    assert simulate(graph, profile, costs).iteration_s < result.iteration_s
+
+
+def test_updates_run_in_the_order_their_gradients_are_computed():
+    # update2 comes first in the program, but its all-reduce is fed last: a
+    # latency-hiding order runs update1 first, while mean2 is still on the wire.
+    text = TWO_GRADIENTS.replace(
+        "  update1 = f32[1024] subtract(w1, mean1)\n  update2 = f32[1024] subtract(w2, mean2)\n",
+        "  update2 = f32[1024] subtract(w2, mean2)\n  update1 = f32[1024] subtract(w1, mean1)\n",
+    )
+    assert text != TWO_GRADIENTS
+    reordered = module_from_text(text)
+    graph = build_task_graph(reordered, Plan.unfused(reordered))
+    names = [kernel.name for kernel in graph.kernels]
+    assert names.index("update1") < names.index("update2")
+
+
 def test_one_bucket_waits_for_both_gradients_and_pays_the_copies(module):
     profile = load_profile("a100-2x8-100g")
     plan = dataclasses.replace(Plan.unfused(module), all_reduce_buckets=(("mean1", "mean2"),))
@@ -121,8 +152,11 @@ def test_a_tuple_shaped_all_reduce_is_a_tuple_all_reduce():
 
 
 def test_cpu_threads_run_independent_work_side_by_side_unless_overlap_is_off(module):
-    # Two executor threads, as where a worker has two cores to itself.
-    profile = dataclasses.replace(load_profile("cpu-local"), compute_threads=2)
+    # Two executor threads, as where a worker has two cores to itself (and no
+    # calibrated step costs or kernel time scale, to keep the sums by hand).
+    profile = dataclasses.replace(
+        load_profile("cpu-local"), compute_threads=2, step_overhead_s=0.0, kernel_time_scale=1.0
+    )
     plan = Plan.unfused(module)
     graph, costs = timed(module, plan, profile)
     parallel = simulate(graph, profile, costs)

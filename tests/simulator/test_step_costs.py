@@ -1,0 +1,86 @@
+"""What a step costs beyond its kernels and all-reduces on a calibrated CPU profile:
+the host's per-step and per-buffer cost, the kernel time scale on shared cores, and
+all-reduce points as they add to a computing step (issue 4, third validation)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from disco_xla.hlo_passes.hlo_io import module_from_text
+from disco_xla.plan import Plan
+from disco_xla.simulator.calibrate import STEP_PAIRS, StepCosts, in_step_points
+from disco_xla.simulator.comm import all_reduce_s
+from disco_xla.simulator.events import simulate
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import load_profile
+from tests.simulator.test_simulator import KERNEL_S, TWO_GRADIENTS, timed
+
+
+@pytest.fixture(scope="module")
+def module():
+    return module_from_text(TWO_GRADIENTS)
+
+
+def test_step_costs_and_the_kernel_scale_add_to_a_serial_iteration(module):
+    plain = dataclasses.replace(load_profile("cpu-local"), overlap=False)
+    assert (plain.step_overhead_s, plain.step_buffer_s) != (0.0, 0.0)  # calibrated
+    plain = dataclasses.replace(
+        plain, step_overhead_s=0.0, step_buffer_s=0.0, kernel_time_scale=1.0
+    )
+    costly = dataclasses.replace(
+        plain, step_overhead_s=1e-4, step_buffer_s=2e-6, kernel_time_scale=2.0
+    )
+    graph, costs = timed(module, Plan.unfused(module), plain)
+    all_reduces_s = 2 * all_reduce_s(4096, plain)
+    base = simulate(graph, plain, costs, step_buffers=5)
+    assert base.iteration_s == pytest.approx(sum(KERNEL_S.values()) + all_reduces_s)
+    result = simulate(graph, costly, costs, step_buffers=5)
+    # T = scale · (sum of kernels) + all-reduces + step_overhead_s + buffers · step_buffer_s
+    expected = 2.0 * sum(KERNEL_S.values()) + all_reduces_s + 1e-4 + 5 * 2e-6
+    assert result.iteration_s == pytest.approx(expected)
+    assert result.ideal_s == pytest.approx(2.0 * sum(KERNEL_S.values()) + 1e-4 + 5 * 2e-6)
+    assert result.compute_s == pytest.approx(2.0 * sum(KERNEL_S.values()))
+
+
+def test_a_gpu_profile_has_no_step_costs_and_simulates_bit_for_bit_as_before(module):
+    profile = load_profile("h200-1x8-nvlink")
+    assert (profile.step_overhead_s, profile.step_buffer_s, profile.kernel_time_scale) == (
+        0.0,
+        0.0,
+        1.0,
+    )
+    graph = build_task_graph(module, Plan.unfused(module))
+    _, costs = timed(module, Plan.unfused(module), profile)
+    with_buffers = simulate(graph, profile, costs, step_buffers=1000)
+    without = simulate(graph, profile, costs)
+    assert with_buffers.iteration_s == without.iteration_s
+    assert with_buffers.spans_ps == without.spans_ps and with_buffers.ideal_s == without.ideal_s
+
+
+def test_step_costs_from_empty_steps_and_the_compute_probe():
+    buffer_s, overhead_s = 2e-6, 16e-6
+    one = overhead_s + 2 * buffer_s
+    many = overhead_s + 2 * STEP_PAIRS * buffer_s
+    costs = StepCosts.from_times(one, many, probe_s=one + 3e-3, probe_kernel_s=1.5e-3)
+    assert costs.step_buffer_s == pytest.approx(buffer_s)
+    assert costs.step_overhead_s == pytest.approx(overhead_s)
+    assert costs.empty_step_s == one
+    assert costs.kernel_time_scale == pytest.approx(2.0)
+    # Without a probe, kernels keep their profiled time.
+    assert StepCosts.from_times(one, many).kernel_time_scale == 1.0
+
+
+def test_all_reduce_points_become_what_an_all_reduce_adds_to_a_computing_step():
+    measured = [(4096, 1e-3), (16384, 0.5e-3), (65536, 3e-3)]
+    step = StepCosts(1e-5, 1e-6, 2e-5, 1.0, all_reduce_in_step_s=2e-4)
+    # Each less the least (0.5 ms), plus the in-step 0.2 ms; never below that.
+    points = in_step_points(measured, step)
+    assert [size for size, _ in points] == [4096, 16384, 65536]
+    assert [t for _, t in points] == pytest.approx([7e-4, 2e-4, 2.7e-3])
+    # Without the in-step probe: each less the empty step.
+    no_probe = dataclasses.replace(step, all_reduce_in_step_s=None)
+    assert [t for _, t in in_step_points(measured, no_probe)] == pytest.approx(
+        [1e-3 - 2e-5, 0.5e-3 - 2e-5, 3e-3 - 2e-5]
+    )
