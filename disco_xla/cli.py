@@ -238,20 +238,20 @@ def _simulate(args: argparse.Namespace) -> int:
             cost_model,
         )
         module, plan, note = chosen.module, chosen.plan, chosen.note
-        run_as = {
-            "tuple_buckets": chosen.tuple_buckets,
-            "collectives_block_compute": chosen.collectives_block_compute,
-        }
+        task_graph = chosen.task_graph  # run as the baseline runs (tuples, blocking)
     else:
-        run_as = {}
         try:
             with open(args.plan) as file:
                 text = file.read()
         except OSError as error:
             raise DiscoInputError(args.plan, f"cannot read the plan ({error.strerror})") from None
         plan = Plan.from_json(text, args.plan)
+
+        def task_graph():
+            return build_task_graph(module, plan)
+
     verify_plan(plan, module, source=args.plan)
-    result = simulate(build_task_graph(module, plan, **run_as), profile, cost_model)
+    result = simulate(task_graph(), profile, cost_model)
     summary = {"plan": args.plan, "plan_note": note, "cluster": profile.name, **result.summary()}
     if isinstance(cost_model, TableCostModel):
         summary["table_misses"] = cost_model.misses
