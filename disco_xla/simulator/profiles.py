@@ -183,17 +183,13 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
         overlap=data.get("overlap", True),
         communication_streams=data.get("communication_streams", 1),
         compute_threads=data.get("compute_threads", 1),
-        tuple_all_reduce_element_s=_positive(
-            {"s": data.get("tuple_all_reduce_element_s", 0.0)},
-            "s",
-            "tuple_all_reduce_element",
-            source,
-            allow_zero=True,
+        tuple_all_reduce_element_s=_optional_number(
+            data, "tuple_all_reduce_element_s", 0.0, source
         ),
-        step_overhead_s=_non_negative(data, "step_overhead_s", source),
-        step_buffer_s=_non_negative(data, "step_buffer_s", source),
-        kernel_time_scale=_positive(
-            {"scale": data.get("kernel_time_scale", 1.0)}, "scale", "kernel_time", source
+        step_overhead_s=_optional_number(data, "step_overhead_s", 0.0, source),
+        step_buffer_s=_optional_number(data, "step_buffer_s", 0.0, source),
+        kernel_time_scale=_optional_number(
+            data, "kernel_time_scale", 1.0, source, allow_zero=False
         ),
         all_reduce_points=_calibration_points(data.get("calibration", {}), source),
         efficiency=_number_map(data, "efficiency", "efficiency", source)
@@ -218,11 +214,18 @@ def _calibration_points(calibration: dict, source: str) -> tuple[tuple[float, fl
     )
 
 
-def _non_negative(data: dict, key: str, source: str) -> float:
-    """An optional top-level number >= 0 (0 when absent)."""
-    value = data.get(key, 0.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise DiscoInputError(source, f"bad key {key!r}: expected a number >= 0")
+def _optional_number(
+    data: dict, key: str, default: float, source: str, allow_zero: bool = True
+) -> float:
+    """An optional top-level number (`default` when absent), >= 0, or > 0 when
+    zero is not allowed."""
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DiscoInputError(source, f"bad key {key!r}: expected a number")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise DiscoInputError(
+            source, f"bad key {key!r}: expected a number {'>=' if allow_zero else '>'} 0"
+        )
     return float(value)
 
 
