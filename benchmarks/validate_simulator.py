@@ -17,30 +17,34 @@ Two runtimes:
     # 2 jax.distributed processes, gloo on loopback (profile cpu-local)
     disco-xla launch -n 2 benchmarks/validate_simulator.py
 
-Timing is paired and rotating over the three plans of a step (every rank in the
-same order, each step blocked on, each timed step right after an untimed one of
-the same plan, as in a training loop); the kernel times are profiled in rotation too,
-one traced run of each plan per round. The simulation adds the profile's host
-cost of a step for the compiled module's argument and result buffers
-(`step_buffers`) and scales kernel times by its `kernel_time_scale`. Each
-kernel's time is its mean over the profiled runs (--kernel-statistic). Each row
-also gives the simulation without one model term (`simulated_ms_ablated`: no step
-costs, no kernel time scale, the other kernel statistic), which is what that
-term contributes, and with predicted kernel times instead of measured ones (the
-shipped GNN, and the roofline): their iteration-time error.
-
-With --probes, calibrate's compute probe and in-step all-reduce probe are timed in
-the same rotation as the plans, and the kernel time scale and in-step all-reduce
-time are taken from them instead of from the profile (`with_probes`): the two
-cores are shared with other jobs, and how much of them the workers get changes
-from minute to minute. Target (issue 4): within 10% on every case.
-Options: --model NAME (repeatable), --size tiny|medium, --rounds N, --cluster,
---probes.
+Measurement is in rounds (`_measure_rotating`), every rank in the same order:
+each round runs each plan, rotated, as a training loop does, one untimed step
+and then --block timed steps, each blocked on; the first --profile-runs rounds
+also trace one step of each plan for its kernel times. In the same rounds,
+`disco-xla calibrate`'s probes are timed (and the compute probe traced), and the
+profile's machine-speed terms are taken from them (`with_probes`): the host's
+cost of a step, the kernel time scale, the in-step all-reduce time and each
+tuple tensor's time. This machine's speed drifts by up to 2x within minutes,
+so a profile calibrated before describes another machine (--no-probes keeps
+the profile's own terms). The simulation adds the host's cost of a step for the
+compiled module's argument and result buffers (`step_buffers`) and scales
+kernel times by the kernel time scale. Each kernel's time is its mean over the
+profiled runs (--kernel-statistic). Each row also gives the simulation without
+one model term (`simulated_ms_ablated`: no step costs, no kernel time scale, the
+other kernel statistic), which is what that term contributes, and with
+predicted kernel times instead of measured ones (the shipped GNN, and the
+roofline): their iteration-time error. While measuring, idle CPUs are kept
+polling (`disco_xla.timing.cpus_kept_awake`; --let-cpus-sleep to not): on this
+virtual machine a halted CPU's wake-up made a step's collectives wait 30-60 us
+per hand-off, or not, at random. Target (issue 4): within 10% on every case.
+Options: --model NAME (repeatable), --size tiny|medium, --rounds N,
+--block N, --profile-runs N, --cluster, --no-probes, --let-cpus-sleep.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -56,8 +60,10 @@ IN_PROCESS_DEVICES = 2
 PLANS = ("none", "xla", "buckets")
 BUCKETS = 3
 NO_FUSION_NO_COMBINER = {"xla_disable_hlo_passes": "cpu-all-reduce-combiner,fusion"}
-# Names of calibrate's probes when they are timed with the plans (--probes).
+# Names of calibrate's probes, timed with the plans (unless --no-probes).
 PROBE, IN_STEP, IN_STEP_NONE = "probe:compute", "probe:all-reduces", "probe:no-all-reduces"
+EMPTY, EMPTY_MANY = "probe:empty-step", "probe:empty-step-many"
+TUPLE, TUPLE_ONE = "probe:tuple-all-reduce", "probe:one-all-reduce"
 
 
 def _executable_module(executable):
@@ -119,22 +125,6 @@ def _programs(step, arguments):
     }
 
 
-def _kernel_samples_rotating(programs: dict, rounds: int, profile) -> dict[str, dict[str, list]]:
-    """{plan: {instruction: [seconds per round]}}: each round traces one run of
-    every plan, in the order rotated by the round (as the timing is), so that the
-    plans' kernel times are taken under the same load; a round's time is the mean
-    over the devices (`profile` is `profile_kernel_times`)."""
-    names = list(programs)
-    samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
-    for round_index in range(rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            found = profile(programs[name][0], repeats=1, statistic=statistics.mean)
-            for instruction, seconds in found.items():
-                samples[name].setdefault(instruction, []).append(seconds)
-    return samples
-
-
 def _arguments(step, mesh):
     from measure_speedup import _global_arguments
 
@@ -143,14 +133,41 @@ def _arguments(step, mesh):
     return _global_arguments(step, mesh, AXIS)
 
 
-def _time_rotating_warm(programs: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
-    """Step times of each program, paired and rotating, each timed step right after
-    an untimed one of the same program (`measure_speedup._time_paired`): a step
-    that follows another program's finds its buffers out of cache (on resnet50 and
-    gpt2_small that made `buckets` 20-25% slower)."""
-    from measure_speedup import _time_paired
+def _measure_rotating(
+    programs: dict, traced: set, rounds: int, block: int, traced_rounds: int, profile
+) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
+    """(step times, kernel samples) of each program, measured in the same rounds,
+    as a training loop runs steps: each round runs every program (in the order
+    rotated by the round) for one untimed step and then `block` timed steps, and
+    in the first `traced_rounds` rounds traces one more step of each program in
+    `traced` (`profile` is `profile_kernel_times`; a round's kernel time is the
+    mean over the devices). A step that follows another program's finds its
+    buffers out of cache (on resnet50 and gpt2_small that made `buckets` 20-25%
+    slower), and this machine's speed drifts within minutes, so the step times,
+    kernel times and probes are taken together. Samples: {program: {instruction:
+    [seconds per traced round]}}."""
+    import time
 
-    return _time_paired(programs, rounds, warmup, warm_step=True)
+    import jax
+
+    names = list(programs)
+    for name in names:
+        jax.block_until_ready(programs[name]())
+    times: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in traced}
+    for round_index in range(rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            jax.block_until_ready(programs[name]())
+            for _ in range(block):
+                started = time.perf_counter()
+                jax.block_until_ready(programs[name]())
+                times[name].append(time.perf_counter() - started)
+            if name in traced and round_index < traced_rounds:
+                found = profile(programs[name], repeats=1, statistic=statistics.mean)
+                for instruction, seconds in found.items():
+                    samples[name].setdefault(instruction, []).append(seconds)
+    return times, samples
 
 
 def _simulated(compiled, graph, samples: dict, statistic: str, profile):
@@ -187,42 +204,73 @@ def _placements(mesh):
 
 
 def _probes(mesh) -> dict:
-    """`disco-xla calibrate`'s compute probe and in-step all-reduce probe (with
-    and without its all-reduces), to be timed paired with a step's plans."""
-    from disco_xla.simulator.calibrate import compute_probe, in_step_probe
+    """`disco-xla calibrate`'s probes of the machine-speed terms of a profile, to
+    be timed with a step's plans: the empty steps, the compute probe, the in-step
+    all-reduce probe (with and without its all-reduces) and the tuple all-reduce
+    probe (a tuple of tensors, and their bytes as one)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from disco_xla.simulator import calibrate
 
     place, place_split = _placements(mesh)
+    empty = calibrate.empty_steps(mesh, place)
+    axis = mesh.axis_names[0]
+    vector = place_split(
+        np.ones((calibrate.TUPLE_TENSORS * calibrate.TUPLE_TENSOR_BYTES // 4,), np.float32)
+    )
+    as_tuple, as_one = (
+        jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P(axis), out_specs=P(), check_vma=False))
+        for f in calibrate.tuple_probe(axis)
+    )
     return {
-        PROBE: compute_probe(mesh, place, place_split),
-        IN_STEP: in_step_probe(mesh, place_split, True),
-        IN_STEP_NONE: in_step_probe(mesh, place_split, False),
+        EMPTY: empty[1],
+        EMPTY_MANY: empty[calibrate.STEP_PAIRS],
+        PROBE: calibrate.compute_probe(mesh, place, place_split),
+        IN_STEP: calibrate.in_step_probe(mesh, place_split, True),
+        IN_STEP_NONE: calibrate.in_step_probe(mesh, place_split, False),
+        TUPLE: lambda: jax.block_until_ready(as_tuple(vector)),
+        TUPLE_ONE: lambda: jax.block_until_ready(as_one(vector)),
     }
 
 
 def with_probes(profile, times: dict, probe_kernel_s: float):
-    """`profile` with the step costs that calibrate measures on its probes taken
-    from the probes timed now, paired with the plans (the machine is shared, and
-    how much of it the workers get changes from minute to minute): the kernel
-    time scale, (probe wall - empty step) / probe kernel time, and the in-step
-    all-reduce time, by which every all-reduce point moves."""
+    """`profile` with the terms that `disco-xla calibrate` measures on its probes
+    taken from the probes timed now, in the same rounds as the plans: this
+    machine's speed drifts by up to 2x within minutes (other virtual machines
+    share its host), so a profile calibrated minutes before describes another
+    machine. The terms: the host's step costs (empty steps), the kernel time
+    scale (compute probe), the in-step all-reduce time (by which every
+    all-reduce point moves) and each tuple tensor's time (`calibrate.StepCosts`,
+    `calibrate.in_step_points`). The all-reduce points' size-dependent part and
+    the device rates stay the profile's."""
     import dataclasses
 
-    from disco_xla.simulator.calibrate import IN_STEP_ROUNDS
+    from disco_xla.simulator import calibrate
 
-    empty_step_s = profile.step_overhead_s + 2 * profile.step_buffer_s
-    probe_s = statistics.median(times[PROBE])
-    scale = max(probe_s - empty_step_s, 0.0) / probe_kernel_s or profile.kernel_time_scale
-    in_step_s = max(
-        0.0,
-        (statistics.median(times[IN_STEP]) - statistics.median(times[IN_STEP_NONE]))
-        / IN_STEP_ROUNDS,
+    def median(name):
+        return statistics.median(times[name])
+
+    step = calibrate.StepCosts.from_times(
+        median(EMPTY),
+        median(EMPTY_MANY),
+        median(PROBE),
+        probe_kernel_s,
+        max(0.0, (median(IN_STEP) - median(IN_STEP_NONE)) / calibrate.IN_STEP_ROUNDS),
     )
     points = profile.all_reduce_points
     if points:
-        least_s = min(seconds for _, seconds in points)
-        shift_s, floor_s = in_step_s - least_s, max(in_step_s, 1e-9)
-        points = tuple((size, max(seconds + shift_s, floor_s)) for size, seconds in points)
-    return dataclasses.replace(profile, kernel_time_scale=scale, all_reduce_points=points)
+        points = tuple(calibrate.in_step_points(list(points), step))
+    return dataclasses.replace(
+        profile,
+        step_overhead_s=step.step_overhead_s,
+        step_buffer_s=step.step_buffer_s,
+        kernel_time_scale=step.kernel_time_scale,
+        all_reduce_points=points,
+        tuple_all_reduce_element_s=max(
+            0.0, (median(TUPLE) - median(TUPLE_ONE)) / (calibrate.TUPLE_TENSORS - 1)
+        ),
+    )
 
 
 def validate_model(name: str, size: str, workers: int, args, profile) -> list[dict]:
@@ -251,13 +299,14 @@ def validate_model(name: str, size: str, workers: int, args, profile) -> list[di
     del outputs
     load = os.getloadavg()[0]
     runs = {p: run for p, (run, _) in programs.items()}
-    probes = _probes(mesh) if args.probes else {}
-    times = _time_rotating_warm({**runs, **probes}, args.rounds, warmup=2)
-    samples = _kernel_samples_rotating(programs, args.profile_runs, profile_kernel_times)
+    probes = {} if args.no_probes else _probes(mesh)
+    traced = set(runs) | ({PROBE} if probes else set())
+    times, samples = _measure_rotating(
+        {**runs, **probes}, traced, args.rounds, args.block, args.profile_runs, profile_kernel_times
+    )
     if probes:
-        from disco_xla.simulator.calibrate import PROBE_TRACED_RUNS, traced_kernel_s
-
-        profile = with_probes(profile, times, traced_kernel_s(probes[PROBE], PROBE_TRACED_RUNS))
+        probe_kernel_s = sum(statistics.mean(v) for v in samples[PROBE].values())
+        profile = with_probes(profile, times, probe_kernel_s)
     # What each model term contributes: the same simulation without it.
     ablations = {
         "no_step_costs": dataclasses.replace(profile, step_overhead_s=0.0, step_buffer_s=0.0),
@@ -303,6 +352,12 @@ def validate_model(name: str, size: str, workers: int, args, profile) -> list[di
                 "table_misses": cost_model.misses,
                 "load": load,
                 "kernel_time_scale": profile.kernel_time_scale,
+                "step_overhead_s": profile.step_overhead_s,
+                "step_buffer_s": profile.step_buffer_s,
+                "tuple_all_reduce_element_s": profile.tuple_all_reduce_element_s,
+                "least_all_reduce_point_s": min(
+                    (seconds for _, seconds in profile.all_reduce_points), default=None
+                ),
                 "simulated_ms_ablated": {t: r.iteration_s * 1e3 for t, r in without.items()},
             }
         )
@@ -315,6 +370,9 @@ def main() -> int:
     parser.add_argument("--size", default="tiny", choices=("tiny", "medium"))
     parser.add_argument("--cluster", help="profile (default: the runtime's own)")
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument(
+        "--block", type=int, default=10, help="timed steps of a plan in a row, each round"
+    )
     parser.add_argument("--profile-runs", type=int, default=5)
     parser.add_argument("--batch-per-worker", type=int, default=4)
     parser.add_argument(
@@ -324,10 +382,15 @@ def main() -> int:
         help="of each kernel's profiled durations (default: mean)",
     )
     parser.add_argument(
-        "--probes",
+        "--no-probes",
         action="store_true",
-        help="time calibrate's probes paired with the plans and take the kernel time "
-        "scale and in-step all-reduce time from them",
+        help="take every profile term from the profile as calibrated before, instead of "
+        "from calibrate's probes timed in the same rounds as the plans",
+    )
+    parser.add_argument(
+        "--let-cpus-sleep",
+        action="store_true",
+        help="do not hold the CPUs' wake-up latency at 0 while measuring",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -344,9 +407,12 @@ def main() -> int:
     workers = jax.process_count() if distributed else IN_PROCESS_DEVICES
     cluster = args.cluster or ("cpu-local" if distributed else "cpu-local-inprocess")
     profile = load_profile(cluster)
+    from disco_xla.timing import cpus_kept_awake
+
     rows = []
-    for name in args.model or ["vgg19", "resnet50", "gpt2_small"]:
-        rows += validate_model(name, args.size, workers, args, profile)
+    with cpus_kept_awake() if not args.let_cpus_sleep else contextlib.nullcontext(False) as awake:
+        for name in args.model or ["vgg19", "resnet50", "gpt2_small"]:
+            rows += validate_model(name, args.size, workers, args, profile)
     if jax.process_index() != 0:
         return 0
     runtime = f"{workers} gloo processes" if distributed else f"{workers} devices, one process"
@@ -356,11 +422,12 @@ def main() -> int:
         "within_10_percent": sum(abs(r["error"]) <= 0.10 for r in rows),
         "all_equal_to_xla": all(r["equal_to_xla"] for r in rows),
         "cases": len(rows),
+        "cpus_kept_awake": awake,
     }
     if args.json:
         print(json.dumps({**summary, "rows": rows}))
         return 0
-    print(f"runtime: {runtime}; profile {cluster}")
+    print(f"runtime: {runtime}; profile {cluster}; idle CPUs kept polling: {awake}")
     ablated = list(rows[0]["simulated_ms_ablated"]) if rows else []
     print(
         "| step | plan | measured ms | simulated ms | error | "

@@ -7,6 +7,7 @@ code 2. `--verbose` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -132,7 +133,16 @@ def _calibrate(args: argparse.Namespace) -> int:
     quiet = args.json or not sys.stderr.isatty()
     from tqdm import tqdm
 
-    with tqdm(total=len(sizes) + 1, disable=quiet, desc="calibrating", leave=False) as bar:
+    from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
+
+    with (
+        cpus_kept_awake() if args.keep_cpus_awake else contextlib.nullcontext(False) as awake,
+        tqdm(total=len(sizes) + 1, disable=quiet, desc="calibrating", leave=False) as bar,
+    ):
+        if args.keep_cpus_awake and not awake:
+            raise DiscoInputError(
+                "calibrate", f"--keep-cpus-awake needs write access to {CPU_LATENCY_DEVICE}"
+            )
         if args.processes:
             runtime = "multi-process jax.distributed, gloo on loopback"
             measured, tuple_element_s, step = calibrate.measure_multi_process(
@@ -148,6 +158,8 @@ def _calibrate(args: argparse.Namespace) -> int:
             step = calibrate.measure_step_costs_in_process(workers)
         flops, bandwidth = calibrate.measure_device()
         bar.update(1)
+    if awake:
+        runtime += ", idle CPUs kept polling (--keep-cpus-awake)"
     # The points become what each all-reduce adds to a step (`in_step_points`).
     fit = calibrate.fit_ring_model(calibrate.in_step_points(measured, step), workers)
     profile = calibrate.cpu_profile(
@@ -612,6 +624,12 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message")
     calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per size")
     calibrate.add_argument("--json", action="store_true", help="print one JSON object")
+    calibrate.add_argument(
+        "--keep-cpus-awake",
+        action="store_true",
+        help="hold the CPUs' wake-up latency at 0 while measuring (Linux PM QoS; needs "
+        "write access to /dev/cpu_dma_latency), for a run under the same setting",
+    )
     calibrate.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
     calibrate.set_defaults(run=_calibrate)
 

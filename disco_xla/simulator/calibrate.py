@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disco_xla.timing import median_seconds
+from disco_xla.timing import median_seconds, paired_median_seconds
 
 SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
 # The tuple all-reduce probe: 16 tensors of 16 KB against one of 256 KB.
@@ -131,7 +131,7 @@ class StepCosts:
         )
 
 
-def _empty_steps(mesh, place: Callable) -> dict[int, Callable[[], object]]:
+def empty_steps(mesh, place: Callable) -> dict[int, Callable[[], object]]:
     """{pairs: a call of the empty step with that many (argument, result) pairs}
     over `mesh`; `place(array)` makes a replicated global array of one local one."""
     import jax
@@ -257,26 +257,17 @@ def all_reduce_in_step_s(mesh, place_split: Callable) -> float:
     """What one all-reduce adds to a computing step: the median of paired,
     alternating runs of `in_step_probe` with and without its all-reduces, the
     difference divided by their count (at least 0)."""
-    import statistics
-    import time
-
     calls = [in_step_probe(mesh, place_split, flag) for flag in (True, False)]
     for call in calls * 3:
         call()
-    times: list[list[float]] = [[], []]
-    for round_index in range(IN_STEP_RUNS):
-        for which in (0, 1) if round_index % 2 else (1, 0):
-            started = time.perf_counter()
-            calls[which]()
-            times[which].append(time.perf_counter() - started)
-    with_s, without_s = map(statistics.median, times)
+    without_s, with_s = paired_median_seconds(*reversed(calls), IN_STEP_RUNS)
     return max(0.0, (with_s - without_s) / IN_STEP_ROUNDS)
 
 
 def measure_step_costs(mesh, place: Callable, place_split: Callable) -> StepCosts:
-    """`StepCosts` of the workers of `mesh` (see `_empty_steps`, `compute_probe`,
+    """`StepCosts` of the workers of `mesh` (see `empty_steps`, `compute_probe`,
     `in_step_probe`); every worker must call it at the same time."""
-    steps = _empty_steps(mesh, place)
+    steps = empty_steps(mesh, place)
     probe = compute_probe(mesh, place, place_split)
     one_pair_s = median_seconds(steps[1], STEP_RUNS, warmup=10)
     many_pairs_s = median_seconds(steps[STEP_PAIRS], STEP_RUNS, warmup=10)
@@ -346,13 +337,16 @@ def measure_in_process(
 
 
 def _tuple_element_s(reduce_tuple: Callable, reduce_one: Callable, data, repeats: int) -> float:
-    """Seconds each tensor after the first adds to a tuple all-reduce (>= 0)."""
-    tuple_s = _time_call(reduce_tuple, data, repeats)
-    one_s = _time_call(reduce_one, data, repeats)
+    """Seconds each tensor after the first adds to a tuple all-reduce (>= 0): the
+    two probes timed in paired, alternating rounds."""
+    calls = [lambda f=f: f(data).block_until_ready() for f in (reduce_one, reduce_tuple)]
+    for call in calls * 3:
+        call()
+    one_s, tuple_s = paired_median_seconds(*calls, max(repeats, IN_STEP_RUNS))
     return max(0.0, (tuple_s - one_s) / (TUPLE_TENSORS - 1))
 
 
-def _tuple_probe(axis: str) -> tuple[Callable, Callable]:
+def tuple_probe(axis: str) -> tuple[Callable, Callable]:
     """(psum of a tuple of TUPLE_TENSORS slices, psum of the whole) over `axis`;
     each takes a vector of TUPLE_TENSORS * TUPLE_TENSOR_BYTES bytes of f32."""
     import jax
@@ -373,7 +367,7 @@ def measure_tuple_element_in_process(devices: int, repeats: int) -> float:
     import jax.numpy as jnp
 
     chosen = jax.devices("cpu")[:devices]
-    as_tuple, as_one = _tuple_probe("d")
+    as_tuple, as_one = tuple_probe("d")
     data = jnp.ones((devices, TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4), jnp.float32)
     return _tuple_element_s(
         jax.pmap(as_tuple, axis_name="d", devices=chosen),
@@ -462,7 +456,7 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
         measured.append((size, _time_call(reduce, data, repeats)))
     as_tuple, as_one = (
         jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P()))
-        for f in _tuple_probe("d")
+        for f in tuple_probe("d")
     )
     local = np.ones((TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4,), np.float32)
     data = jax.make_array_from_process_local_data(sharding, local)

@@ -23,6 +23,8 @@ def test_two_processes_measure_and_simulate_none_xla_and_a_hand_picked_bucketing
         "2",
         "--profile-runs",
         "1",
+        "--block",
+        "2",
         "--batch-per-worker",
         "1",
         "--json",
@@ -36,6 +38,7 @@ def test_two_processes_measure_and_simulate_none_xla_and_a_hand_picked_bucketing
     rows = {row["plan"]: row for row in report["rows"]}
     assert set(rows) == {"none", "xla", "buckets"}
     assert report["all_equal_to_xla"]
+    assert isinstance(report["cpus_kept_awake"], bool)
     for row in rows.values():
         assert row["measured_ms"] > 0 and row["simulated_ms"] > 0 and row["table_misses"] == 0
         # The same program with the shipped GNN's and the roofline's kernel times.
@@ -59,29 +62,49 @@ def test_a_step_hands_over_its_parameters_and_results():
     assert step_buffers(module_from_text(TWO_GRADIENTS)) == 5
 
 
-def test_probes_timed_with_the_plans_set_the_kernel_scale_and_move_the_points():
+def test_probes_timed_with_the_plans_set_the_machine_speed_terms_of_the_profile():
     import dataclasses
 
     import pytest
 
-    from benchmarks.validate_simulator import IN_STEP, IN_STEP_NONE, PROBE, with_probes
-    from disco_xla.simulator.calibrate import IN_STEP_ROUNDS
+    from benchmarks.validate_simulator import (
+        EMPTY,
+        EMPTY_MANY,
+        IN_STEP,
+        IN_STEP_NONE,
+        PROBE,
+        TUPLE,
+        TUPLE_ONE,
+        with_probes,
+    )
+    from disco_xla.simulator.calibrate import IN_STEP_ROUNDS, STEP_PAIRS, TUPLE_TENSORS
     from disco_xla.simulator.profiles import load_profile
 
     profile = dataclasses.replace(
         load_profile("cpu-local-inprocess"),
         step_overhead_s=1e-5,
         step_buffer_s=5e-6,
+        tuple_all_reduce_element_s=1e-3,
         all_reduce_points=((4096.0, 2e-5), (65536.0, 1e-4)),
     )
+    # Steps of 1 and of STEP_PAIRS (argument, result) pairs: 20 us + 2 us a buffer.
+    empty_s, buffer_s = 2e-5, 2e-6
     times = {
-        PROBE: [3e-3, 2e-5 + 4e-3, 9e-3],  # median: the empty step (20 us) + 4 ms
+        EMPTY: [empty_s] * 3,
+        EMPTY_MANY: [empty_s + 2 * (STEP_PAIRS - 1) * buffer_s] * 3,
+        PROBE: [3e-3, empty_s + 4e-3, 9e-3],  # median: the empty step + 4 ms
         IN_STEP: [1e-3 + IN_STEP_ROUNDS * 5e-5] * 3,
         IN_STEP_NONE: [1e-3] * 3,
+        TUPLE: [5e-4 + (TUPLE_TENSORS - 1) * 1.5e-5] * 3,
+        TUPLE_ONE: [5e-4] * 3,
     }
     now = with_probes(profile, times, probe_kernel_s=2e-3)
     assert now.kernel_time_scale == pytest.approx(2.0)
+    assert now.step_buffer_s == pytest.approx(buffer_s)
+    assert now.step_overhead_s == pytest.approx(empty_s - 2 * buffer_s)
+    assert now.tuple_all_reduce_element_s == pytest.approx(1.5e-5)
     # A 4 KB all-reduce now adds 50 us to a step; every point moves by 30 us.
     assert [size for size, _ in now.all_reduce_points] == [4096.0, 65536.0]
     assert [t for _, t in now.all_reduce_points] == pytest.approx([5e-5, 1.3e-4])
-    assert now.step_overhead_s == profile.step_overhead_s
+    # The device's rates stay the profile's.
+    assert now.peak_flops == profile.peak_flops

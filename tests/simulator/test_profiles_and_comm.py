@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import yaml
@@ -159,6 +160,24 @@ def test_calibrate_measures_fits_and_writes_a_loadable_profile(tmp_path, where):
     assert min(t for _, t in profile.all_reduce_points) == pytest.approx(
         max(report["all_reduce_in_step_s"], 1e-9)
     )
+
+
+def test_calibrate_keeps_the_cpus_awake_when_asked_and_says_so(tmp_path):
+    from disco_xla.timing import CPU_LATENCY_DEVICE
+
+    path = tmp_path / "awake.yaml"
+    arguments = ["--devices", "2", "--max-bytes", "4096", "--repeats", "2", "-o", str(path)]
+    result = run_cli("calibrate", *arguments, "--keep-cpus-awake", "--json", timeout_s=300)
+    if not os.access(CPU_LATENCY_DEVICE, os.W_OK):
+        # Where the request may not be made, a one-line error, and no profile.
+        assert result.returncode == 2 and CPU_LATENCY_DEVICE in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not path.exists()
+        return
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["runtime"].endswith(
+        "idle CPUs kept polling (--keep-cpus-awake)"
+    )
+    assert "--keep-cpus-awake" in yaml.safe_load(path.read_text())["calibration"]["runtime"]
 
 
 def test_calibrate_refuses_a_single_worker():

@@ -1,0 +1,44 @@
+"""`disco_xla.timing.cpus_kept_awake`: the PM QoS request it writes, and what it
+does where it may not write one."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
+
+
+def test_the_request_is_a_latency_of_zero_held_until_the_block_ends(tmp_path):
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"\xff\xff\xff\x7f")
+    with cpus_kept_awake(str(device)) as held:
+        assert held
+        # A 32-bit 0, as the kernel reads the request.
+        assert device.read_bytes() == (0).to_bytes(4, "little")
+    open_files = os.listdir("/proc/self/fd")
+    assert all(os.path.realpath(f"/proc/self/fd/{fd}") != str(device) for fd in open_files)
+
+
+def test_without_the_device_timing_goes_on_unheld(tmp_path):
+    with cpus_kept_awake(str(tmp_path / "missing")) as held:
+        assert held is False
+
+
+def test_an_error_inside_the_block_still_releases_the_request(tmp_path):
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(b"")
+    with pytest.raises(ZeroDivisionError), cpus_kept_awake(str(device)):
+        1 / 0  # noqa: B018
+    assert all(
+        os.path.realpath(f"/proc/self/fd/{fd}") != str(device) for fd in os.listdir("/proc/self/fd")
+    )
+
+
+@pytest.mark.skipif(
+    not os.access(CPU_LATENCY_DEVICE, os.W_OK), reason="needs write access to PM QoS"
+)
+def test_the_real_request_is_held_on_this_machine():
+    with cpus_kept_awake() as held:
+        assert held
