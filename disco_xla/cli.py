@@ -12,6 +12,7 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 
 from disco_xla.errors import DiscoInputError
 
@@ -115,6 +116,32 @@ def _capture(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _cpus_awake_if_asked(args: argparse.Namespace, command: str) -> Iterator[bool]:
+    """`timing.cpus_kept_awake` around a measurement when --keep-cpus-awake asks
+    for it (a one-line error where it cannot be held); yields whether it is held."""
+    if not args.keep_cpus_awake:
+        yield False
+        return
+    from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
+
+    with cpus_kept_awake() as held:
+        if not held:
+            raise DiscoInputError(
+                command, f"--keep-cpus-awake needs write access to {CPU_LATENCY_DEVICE}"
+            )
+        yield True
+
+
+def _add_keep_cpus_awake(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--keep-cpus-awake",
+        action="store_true",
+        help="hold the CPUs' wake-up latency at 0 while measuring (Linux PM QoS; needs "
+        "write access to /dev/cpu_dma_latency), for runs made under the same setting",
+    )
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     if (args.devices or 0) < 0 or (args.processes is not None and args.processes < 2):
         raise DiscoInputError("calibrate", "--processes needs at least 2 processes")
@@ -133,16 +160,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     quiet = args.json or not sys.stderr.isatty()
     from tqdm import tqdm
 
-    from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
-
     with (
-        cpus_kept_awake() if args.keep_cpus_awake else contextlib.nullcontext(False) as awake,
+        _cpus_awake_if_asked(args, "calibrate") as awake,
         tqdm(total=len(sizes) + 1, disable=quiet, desc="calibrating", leave=False) as bar,
     ):
-        if args.keep_cpus_awake and not awake:
-            raise DiscoInputError(
-                "calibrate", f"--keep-cpus-awake needs write access to {CPU_LATENCY_DEVICE}"
-            )
         if args.processes:
             runtime = "multi-process jax.distributed, gloo on loopback"
             measured, tuple_element_s, step = calibrate.measure_multi_process(
@@ -485,7 +506,10 @@ def _profile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     samples = []
     quiet = args.json or not sys.stderr.isatty()
-    with tqdm(total=len(modules) * (args.plans + 1), disable=quiet, leave=False) as bar:
+    with (
+        _cpus_awake_if_asked(args, "profile") as awake,
+        tqdm(total=len(modules) * (args.plans + 1), disable=quiet, leave=False) as bar,
+    ):
         for path, module in modules:
             module_name, model = _module_and_model_names(path)
 
@@ -511,6 +535,7 @@ def _profile(args: argparse.Namespace) -> int:
         "distinct_kernels": len(set(dataset.structural_hash.tolist())),
         "modules": len(modules),
         "plans_per_module": args.plans,
+        "cpus_kept_awake": awake,
         "seconds": round(time.perf_counter() - start, 1),
         "out": args.out,
     }
@@ -624,12 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message")
     calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per size")
     calibrate.add_argument("--json", action="store_true", help="print one JSON object")
-    calibrate.add_argument(
-        "--keep-cpus-awake",
-        action="store_true",
-        help="hold the CPUs' wake-up latency at 0 while measuring (Linux PM QoS; needs "
-        "write access to /dev/cpu_dma_latency), for a run under the same setting",
-    )
+    _add_keep_cpus_awake(calibrate)
     calibrate.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
     calibrate.set_defaults(run=_calibrate)
 
@@ -714,6 +734,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("files", nargs="+", help="HLO modules (model name: file name to '.')")
     profile.add_argument("--plans", type=int, default=8, help="sampled plans per module")
     profile.add_argument("--repeats", type=int, default=5, help="profiled steps per plan")
+    _add_keep_cpus_awake(profile)
     profile.add_argument("--seed", type=int, default=0)
     profile.add_argument(
         "--platform", choices=["cpu", "gpu"], default="cpu", help="where to run the kernels"

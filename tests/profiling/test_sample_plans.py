@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import numpy as np
@@ -112,13 +113,19 @@ def test_a_data_set_of_another_schema_or_a_corrupt_file_is_refused(samples, tmp_
 
 
 def test_profile_command_writes_a_data_set(module_files, tmp_path):
+    from disco_xla.timing import CPU_LATENCY_DEVICE
+
     out = tmp_path / "demo.npz"
+    # Where this test may hold the CPUs awake, it measures so (as the shipped data
+    # set's collection may); elsewhere as the default does.
+    awake = os.access(CPU_LATENCY_DEVICE, os.W_OK)
     result = run_cli(
         "profile", module_files["jax_pmap_step"], "--plans", "2", "--repeats", "2",
-        "--out", str(out), "--json", timeout_s=300,
+        "--out", str(out), "--json", *(["--keep-cpus-awake"] if awake else []), timeout_s=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
+    assert report["cpus_kept_awake"] is awake
     dataset = load_dataset(str(out))
     assert report["samples"] == len(dataset) > 0
     assert set(dataset.model.tolist()) == {"jax_pmap_step"}
