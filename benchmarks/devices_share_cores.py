@@ -16,8 +16,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
@@ -34,23 +32,11 @@ def main() -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", args.devices)
-    from jax.sharding import Mesh
-    from measure_speedup import _zoo_size
-    from validate_simulator import _arguments
+    from validate_simulator import compiled_zoo_step
 
     from disco_xla.profiling.kernel_times import profile_kernel_times
-    from disco_xla.zoo.jax_steps import AXIS, build_jax_step
 
-    with _zoo_size(args.model, "tiny") as size:
-        step = build_jax_step(
-            args.model, size, args.devices, args.batch_per_device * args.devices, "shard_map"
-        )
-    mesh = Mesh(np.array(jax.devices()[: args.devices]), (AXIS,))
-    arguments = _arguments(step, mesh)
-    compiled = step.fn.lower(*arguments).compile()
-
-    def run():
-        return compiled(*arguments)
+    run = compiled_zoo_step(args.model, args.devices, args.batch_per_device)
 
     for _ in range(5):
         jax.block_until_ready(run())

@@ -38,23 +38,11 @@ def main() -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", args.devices)
-    from jax.sharding import Mesh
-    from measure_speedup import _zoo_size
-    from validate_simulator import _arguments
+    from validate_simulator import compiled_zoo_step
 
     from disco_xla.timing import cpus_kept_awake
-    from disco_xla.zoo.jax_steps import AXIS, build_jax_step
 
-    with _zoo_size(args.model, "tiny") as size:
-        step = build_jax_step(
-            args.model, size, args.devices, args.batch_per_device * args.devices, "shard_map"
-        )
-    mesh = Mesh(np.array(jax.devices()[: args.devices]), (AXIS,))
-    arguments = _arguments(step, mesh)
-    compiled = step.fn.lower(*arguments).compile()
-
-    def run():
-        return jax.block_until_ready(compiled(*arguments))
+    run = compiled_zoo_step(args.model, args.devices, args.batch_per_device)
 
     for _ in range(10):
         run()

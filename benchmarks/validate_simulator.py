@@ -125,6 +125,24 @@ def _programs(step, arguments):
     }
 
 
+def compiled_zoo_step(model: str, devices: int, batch_per_device: int):
+    """A call, blocked on, of XLA's own compile of the tiny `jit(shard_map)`
+    training step of zoo `model` over this process's first `devices` CPU devices,
+    `batch_per_device` examples each (set `jax_num_cpu_devices` first)."""
+    import jax
+    from jax.sharding import Mesh
+    from measure_speedup import _zoo_size
+
+    from disco_xla.zoo.jax_steps import AXIS, build_jax_step
+
+    with _zoo_size(model, "tiny") as size:
+        step = build_jax_step(model, size, devices, batch_per_device * devices, "shard_map")
+    mesh = Mesh(np.array(jax.devices()[:devices]), (AXIS,))
+    arguments = _arguments(step, mesh)
+    compiled = step.fn.lower(*arguments).compile()
+    return lambda: jax.block_until_ready(compiled(*arguments))
+
+
 def _arguments(step, mesh):
     from measure_speedup import _global_arguments
 
