@@ -57,10 +57,11 @@ def cpus_kept_awake(device: str = CPU_LATENCY_DEVICE) -> Iterator[bool]:
     needs write access to `device`, and without it timing goes on as before.
 
     On a virtual machine, a halted virtual CPU is woken by its host. On the 2-CPU
-    machine this project is measured on, that made a step's collective hand-offs
-    between the devices' threads wait 30-60 us each, or not, at random: a
-    training step's median flipped between 1.3 and 2.6 ms run to run. Held, the
-    same step took 1.0-1.3 ms in every block of runs."""
+    machine this project is measured on, that made the collectives of two devices
+    in one process wait for each other's thread at random: a tiny gpt2_small
+    step's median over a block of runs was 1.4 ms in some blocks and 2.6 ms in
+    others. Held, it was 1.1-1.3 ms in every block
+    (`benchmarks/step_time_spread.py`)."""
     try:
         descriptor = os.open(device, os.O_WRONLY)
     except OSError:
