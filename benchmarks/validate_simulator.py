@@ -23,10 +23,10 @@ and then --block timed steps, each blocked on; the first --profile-runs rounds
 also trace one step of each plan for its kernel times. In the same rounds,
 `disco-xla calibrate`'s probes are timed (and the compute probe traced), and the
 profile's machine-speed terms are taken from them (`with_probes`): the host's
-cost of a step, the kernel time scale, the in-step all-reduce time and each
-tuple tensor's time. This machine's speed drifts by up to 2x within minutes,
-so a profile calibrated before describes another machine (--no-probes keeps
-the profile's own terms). The simulation adds the host's cost of a step for the
+cost of a step, the kernel time scale, the in-step all-reduce time, the
+worker lag and each tuple tensor's time. This machine's speed drifts by up to
+2x within minutes, so a profile calibrated before describes another machine
+(--no-probes keeps the profile's own terms). The simulation adds the host's cost of a step for the
 compiled module's argument and result buffers (`step_buffers`) and scales
 kernel times by the kernel time scale. Each kernel's time is its mean over the
 profiled runs (--kernel-statistic). Each row also gives the simulation without
@@ -64,6 +64,7 @@ NO_FUSION_NO_COMBINER = {"xla_disable_hlo_passes": "cpu-all-reduce-combiner,fusi
 PROBE, IN_STEP, IN_STEP_NONE = "probe:compute", "probe:all-reduces", "probe:no-all-reduces"
 EMPTY, EMPTY_MANY = "probe:empty-step", "probe:empty-step-many"
 TUPLE, TUPLE_ONE = "probe:tuple-all-reduce", "probe:one-all-reduce"
+LAG, LAG_NONE = "probe:all-reduces-more-kernels", "probe:no-all-reduces-more-kernels"
 
 
 def _executable_module(executable):
@@ -247,6 +248,8 @@ def _probes(mesh) -> dict:
         PROBE: calibrate.compute_probe(mesh, place, place_split),
         IN_STEP: calibrate.in_step_probe(mesh, place_split, True),
         IN_STEP_NONE: calibrate.in_step_probe(mesh, place_split, False),
+        LAG: calibrate.in_step_probe(mesh, place_split, True, calibrate.IN_STEP_LAG_BYTES),
+        LAG_NONE: calibrate.in_step_probe(mesh, place_split, False, calibrate.IN_STEP_LAG_BYTES),
         TUPLE: lambda: jax.block_until_ready(as_tuple(vector)),
         TUPLE_ONE: lambda: jax.block_until_ready(as_one(vector)),
     }
@@ -259,7 +262,7 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
     share its host), so a profile calibrated minutes before describes another
     machine. The terms: the host's step costs (empty steps), the kernel time
     scale (compute probe), the in-step all-reduce time (by which every
-    all-reduce point moves) and each tuple tensor's time (`calibrate.StepCosts`,
+    all-reduce point moves), the worker lag and each tuple tensor's time (`calibrate.StepCosts`,
     `calibrate.in_step_points`). The all-reduce points' size-dependent part and
     the device rates stay the profile's."""
     import dataclasses
@@ -269,12 +272,19 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
     def median(name):
         return statistics.median(times[name])
 
+    def in_step(with_all_reduces, without):  # as `calibrate.all_reduce_in_step` gives it
+        with_s, without_s = median(with_all_reduces), median(without)
+        rounds = calibrate.IN_STEP_ROUNDS
+        return max(0.0, (with_s - without_s) / rounds), without_s / rounds
+
+    small = in_step(IN_STEP, IN_STEP_NONE)
     step = calibrate.StepCosts.from_times(
         median(EMPTY),
         median(EMPTY_MANY),
         median(PROBE),
         probe_kernel_s,
-        max(0.0, (median(IN_STEP) - median(IN_STEP_NONE)) / calibrate.IN_STEP_ROUNDS),
+        small[0],
+        calibrate.worker_lag(small, in_step(LAG, LAG_NONE)),
     )
     points = profile.all_reduce_points
     if points:
@@ -284,6 +294,7 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
         step_overhead_s=step.step_overhead_s,
         step_buffer_s=step.step_buffer_s,
         kernel_time_scale=step.kernel_time_scale,
+        worker_lag=step.worker_lag,
         all_reduce_points=points,
         tuple_all_reduce_element_s=max(
             0.0, (median(TUPLE) - median(TUPLE_ONE)) / (calibrate.TUPLE_TENSORS - 1)
@@ -370,6 +381,7 @@ def validate_model(name: str, size: str, workers: int, args, profile) -> list[di
                 "table_misses": cost_model.misses,
                 "load": load,
                 "kernel_time_scale": profile.kernel_time_scale,
+                "worker_lag": profile.worker_lag,
                 "step_overhead_s": profile.step_overhead_s,
                 "step_buffer_s": profile.step_buffer_s,
                 "tuple_all_reduce_element_s": profile.tuple_all_reduce_element_s,

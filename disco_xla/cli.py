@@ -209,6 +209,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "empty_step_s": step.empty_step_s,
         "kernel_time_scale": step.kernel_time_scale,
         "all_reduce_in_step_s": step.all_reduce_in_step_s,
+        "worker_lag": step.worker_lag,
         "profile": args.output,
     }
     if args.json:
@@ -234,6 +235,10 @@ def _calibrate(args: argparse.Namespace) -> int:
                 "computing step (the points above are as they add to one)"
             )
         print(f"  kernels take {step.kernel_time_scale:.2f}x their profiled time on shared cores")
+        print(
+            f"  at a collective the slowest worker is {step.worker_lag:.2f} of the kernel "
+            "time since the workers last met behind"
+        )
         print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
         print(f"wrote {args.output}")
     return 0

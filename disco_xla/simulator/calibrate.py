@@ -45,6 +45,9 @@ PROBE_LAYERS, PROBE_CHANNELS, PROBE_RUNS, PROBE_TRACED_RUNS = 8, 32, 30, 8
 # The in-step all-reduce probe (`in_step_probe`): IN_STEP_ROUNDS all-reduces of
 # IN_STEP_BYTES (the smallest calibrated size), each after IN_STEP_KERNELS kernels.
 IN_STEP_ROUNDS, IN_STEP_KERNELS, IN_STEP_BYTES, IN_STEP_RUNS = 16, 8, 4096, 40
+# The worker-lag probe: the in-step probe with IN_STEP_LAG_BYTES per worker for
+# its kernels (about 0.75 ms of them a round here), the same all-reduces.
+IN_STEP_LAG_BYTES = 64 * IN_STEP_BYTES
 
 
 @dataclass(frozen=True)
@@ -105,13 +108,20 @@ class StepCosts:
     - `all_reduce_in_step_s`: what one all-reduce of IN_STEP_BYTES adds to a step
       whose workers compute between all-reduces (`in_step_probe`), against
       what it takes alone in a step (the smallest all-reduce point): there the
-      workers start it one after another, inside a step they reach it together."""
+      workers start it one after another, inside a step they reach it together.
+    - `worker_lag`: how far behind the slowest worker reaches a collective, as a
+      fraction of the kernel time since the workers last met. Workers that share
+      cores drift apart as they compute, and the first to arrive waits. Measured
+      as what an all-reduce adds to the in-step probe with IN_STEP_LAG_BYTES of
+      kernels a round, less what it adds with IN_STEP_BYTES, over the difference
+      in their rounds' kernel time."""
 
     step_overhead_s: float
     step_buffer_s: float
     empty_step_s: float  # T(1): one argument, one result
     kernel_time_scale: float = 1.0
     all_reduce_in_step_s: float | None = None
+    worker_lag: float = 0.0
 
     @classmethod
     def from_times(
@@ -121,13 +131,19 @@ class StepCosts:
         probe_s: float | None = None,
         probe_kernel_s: float | None = None,
         all_reduce_in_step_s: float | None = None,
+        worker_lag: float = 0.0,
     ) -> StepCosts:
         buffer_s = max(0.0, (many_pairs_s - one_pair_s) / (2 * (STEP_PAIRS - 1)))
         scale = 1.0
         if probe_s is not None and probe_kernel_s:
             scale = max(probe_s - one_pair_s, 0.0) / probe_kernel_s or 1.0
         return cls(
-            max(0.0, one_pair_s - 2 * buffer_s), buffer_s, one_pair_s, scale, all_reduce_in_step_s
+            max(0.0, one_pair_s - 2 * buffer_s),
+            buffer_s,
+            one_pair_s,
+            scale,
+            all_reduce_in_step_s,
+            worker_lag,
         )
 
 
@@ -225,26 +241,31 @@ def traced_kernel_s(run: Callable[[], object], runs: int) -> float:
     return statistics.median(sums.values())
 
 
-def in_step_probe(mesh, place_split: Callable, all_reduce: bool) -> Callable[[], object]:
+def in_step_probe(
+    mesh, place_split: Callable, all_reduce: bool, kernel_bytes: int = IN_STEP_BYTES
+) -> Callable[[], object]:
     """A call of a step that runs IN_STEP_ROUNDS times a chain of IN_STEP_KERNELS
     elementwise kernels (XLA's fusion off, so each is a kernel) on a vector of
-    IN_STEP_BYTES per worker, each chain followed by an all-reduce of the vector
-    when `all_reduce` (else not)."""
+    `kernel_bytes` per worker, each chain followed by an all-reduce of the
+    vector's first IN_STEP_BYTES when `all_reduce` (else not)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
     axis = mesh.axis_names[0]
+    reduced = IN_STEP_BYTES // 4
 
     def rounds(x):
         for _ in range(IN_STEP_ROUNDS):
             for _ in range(IN_STEP_KERNELS):
                 x = jnp.sin(x)
-            if all_reduce:
+            if all_reduce and x.shape[0] == reduced:
                 x = jax.lax.psum(x, axis)
+            elif all_reduce:
+                x = jnp.concatenate([jax.lax.psum(x[:reduced], axis), x[reduced:]])
         return x
 
-    vector = place_split(np.ones((IN_STEP_BYTES // 4,), np.float32))
+    vector = place_split(np.ones((kernel_bytes // 4,), np.float32))
     step = (
         jax.jit(jax.shard_map(rounds, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
         .lower(vector)
@@ -253,15 +274,27 @@ def in_step_probe(mesh, place_split: Callable, all_reduce: bool) -> Callable[[],
     return lambda: jax.block_until_ready(step(vector))
 
 
-def all_reduce_in_step_s(mesh, place_split: Callable) -> float:
-    """What one all-reduce adds to a computing step: the median of paired,
-    alternating runs of `in_step_probe` with and without its all-reduces, the
-    difference divided by their count (at least 0)."""
-    calls = [in_step_probe(mesh, place_split, flag) for flag in (True, False)]
+def all_reduce_in_step(
+    mesh, place_split: Callable, kernel_bytes: int = IN_STEP_BYTES
+) -> tuple[float, float]:
+    """(what one all-reduce adds to a computing step, the kernel time of a round):
+    the medians of paired, alternating runs of `in_step_probe` with and without
+    its all-reduces, their difference divided by their count (at least 0), and
+    the step without them divided by its rounds."""
+    calls = [in_step_probe(mesh, place_split, flag, kernel_bytes) for flag in (True, False)]
     for call in calls * 3:
         call()
     without_s, with_s = paired_median_seconds(*reversed(calls), IN_STEP_RUNS)
-    return max(0.0, (with_s - without_s) / IN_STEP_ROUNDS)
+    return max(0.0, (with_s - without_s) / IN_STEP_ROUNDS), without_s / IN_STEP_ROUNDS
+
+
+def worker_lag(small: tuple[float, float], large: tuple[float, float]) -> float:
+    """`StepCosts.worker_lag` from `all_reduce_in_step` with little and with much
+    kernel time a round: the all-reduce's growth over the kernel time's (>= 0)."""
+    (small_s, small_round_s), (large_s, large_round_s) = small, large
+    if large_round_s <= small_round_s:
+        return 0.0
+    return max(0.0, (large_s - small_s) / (large_round_s - small_round_s))
 
 
 def measure_step_costs(mesh, place: Callable, place_split: Callable) -> StepCosts:
@@ -272,12 +305,15 @@ def measure_step_costs(mesh, place: Callable, place_split: Callable) -> StepCost
     one_pair_s = median_seconds(steps[1], STEP_RUNS, warmup=10)
     many_pairs_s = median_seconds(steps[STEP_PAIRS], STEP_RUNS, warmup=10)
     probe_s = median_seconds(probe, PROBE_RUNS, warmup=3)
+    small = all_reduce_in_step(mesh, place_split)
+    large = all_reduce_in_step(mesh, place_split, IN_STEP_LAG_BYTES)
     return StepCosts.from_times(
         one_pair_s,
         many_pairs_s,
         probe_s,
         traced_kernel_s(probe, PROBE_TRACED_RUNS),
-        all_reduce_in_step_s(mesh, place_split),
+        small[0],
+        worker_lag(small, large),
     )
 
 
@@ -478,6 +514,7 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
                 step.empty_step_s,
                 step.kernel_time_scale,
                 step.all_reduce_in_step_s,
+                step.worker_lag,
             ],
         }
         print(_RESULT_MARK + json.dumps(result), flush=True)
@@ -521,6 +558,7 @@ def cpu_profile(
                 "step_overhead_s": float(step.step_overhead_s),
                 "step_buffer_s": float(step.step_buffer_s),
                 "kernel_time_scale": float(step.kernel_time_scale),
+                "worker_lag": float(step.worker_lag),
             }
             if step is not None
             else {}

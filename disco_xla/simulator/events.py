@@ -14,7 +14,9 @@ Two execution models, chosen by the profile:
   waits for it.
 - `cpu-threads`: K executor threads take ready tasks in priority order; a
   collective occupies its thread for its whole duration (XLA:CPU has no
-  asynchronous collectives). With `overlap: false` everything runs one at a time.
+  asynchronous collectives), and first waits for the slowest worker when the
+  profile says how far behind it falls (`worker_lag`). With `overlap: false`
+  everything runs one at a time.
 
 Time is counted in integer picoseconds (durations rounded once), so sums are
 exact. Iteration time is the finish time of the last task. Exposed communication is the
@@ -512,6 +514,8 @@ def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
         graph, kernel_ps, comm_task_ps, copy_ps
     )
     threads = max(1, profile.compute_threads) if profile.overlap else 1
+    kernels, lag = len(graph.kernels), profile.worker_lag
+    since_met = 0  # kernel time started since the last collective started (ps)
     lanes = [f"thread {t}" for t in range(threads)]
     running: list[tuple[int, int, int]] = []  # (finish, task, thread)
     free_threads = list(range(threads))  # a heap: the lowest free thread first
@@ -526,6 +530,11 @@ def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
             task = heappop(ready) % total
             thread = heappop(free_threads)
             end = now + duration[task]
+            if task < kernels:
+                since_met += duration[task]
+            elif lag:  # it waits for the slowest worker (`ClusterProfile.worker_lag`)
+                end += round(lag * since_met)
+                since_met = 0
             finish[task] = end
             append((names[task], lanes[thread], kinds[task], now, end))
             started(task)
@@ -568,6 +577,8 @@ def _run_one_thread(graph, kernel_ps, comm_task_ps, copy_ps, profile):
         for index, task in enumerate(run_order):
             place[task] = index
     duration = kernel_ps + [c + 2 * k for c, k in zip(comm_task_ps, copy_ps, strict=True)]
+    if profile.worker_lag:
+        duration = _with_worker_lag(duration, run_order, kernels, profile.worker_lag)
     ends = list(accumulate(map(duration.__getitem__, run_order)))
     starts = [0] + ends[:-1]
     finish = list(map(ends.__getitem__, place))
@@ -584,6 +595,21 @@ def _run_one_thread(graph, kernel_ps, comm_task_ps, copy_ps, profile):
         )
     )
     return events, finish, run_order
+
+
+def _with_worker_lag(duration: list[int], run_order: list[int], kernels: int, lag: float):
+    """The durations with each collective's wait for the slowest worker added: `lag`
+    times the kernel time run (in run order) since the previous collective or the
+    step's start (`ClusterProfile.worker_lag`)."""
+    duration = list(duration)
+    since_met = 0
+    for task in run_order:
+        if task < kernels:
+            since_met += duration[task]
+        else:
+            duration[task] += round(lag * since_met)
+            since_met = 0
+    return duration
 
 
 def _one_thread_order(graph: TaskGraph, rank: list[int]) -> list[int]:

@@ -15,8 +15,10 @@ A profile is a YAML file (`configs/clusters/NAME.yaml`, or any path). It gives:
   `communication_streams`, `compute_threads`, `efficiency` factors per op class
   for the roofline, and the host's cost of a step: `step_overhead_s` plus
   `step_buffer_s` for each argument and result buffer (both 0 unless
-  `disco-xla calibrate` measured them), and `kernel_time_scale`, the factor
-  kernels take on cores the workers share (1 unless measured).
+  `disco-xla calibrate` measured them), `kernel_time_scale`, the factor
+  kernels take on cores the workers share (1 unless measured), and
+  `worker_lag`, how far behind the slowest worker reaches a collective, as a
+  fraction of the kernel time since the workers last met (0 unless measured).
 """
 
 from __future__ import annotations
@@ -80,6 +82,14 @@ class ClusterProfile:
     # `disco-xla calibrate` measures it on a probe against the profiler's kernel
     # times (`calibrate.StepCosts`); 1 where not measured.
     kernel_time_scale: float = 1.0
+    # How far behind the slowest worker reaches a collective: this fraction of the
+    # kernel time a worker ran since the workers last met (the step's start or the
+    # previous collective). A collective waits for it, holding its thread (the
+    # `cpu-threads` model). Workers that share cores drift apart as they compute:
+    # on this machine 2 devices in one process were 0.23-0.28 of a round's compute
+    # apart (`benchmarks/all_reduce_in_step.py`). `disco-xla calibrate` measures
+    # it (`calibrate.StepCosts`); 0 where not measured.
+    worker_lag: float = 0.0
     efficiency: dict[str, float] = field(default_factory=dict)
     # (bytes, seconds) all-reduce times measured by `disco-xla calibrate` over this
     # profile's workers, by size. Where present, the communication model reads
@@ -108,6 +118,7 @@ _OPTIONAL = {
     "step_overhead_s": object,  # a number >= 0, checked below
     "step_buffer_s": object,  # a number >= 0, checked below
     "kernel_time_scale": object,  # a number > 0, checked below
+    "worker_lag": object,  # a number >= 0, checked below
     "efficiency": dict,
     "description": str,
     "calibration": dict,
@@ -191,6 +202,7 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
         kernel_time_scale=_optional_number(
             data, "kernel_time_scale", 1.0, source, allow_zero=False
         ),
+        worker_lag=_optional_number(data, "worker_lag", 0.0, source),
         all_reduce_points=_calibration_points(data.get("calibration", {}), source),
         efficiency=_number_map(data, "efficiency", "efficiency", source)
         if "efficiency" in data

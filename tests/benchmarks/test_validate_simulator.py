@@ -72,6 +72,8 @@ def test_probes_timed_with_the_plans_set_the_machine_speed_terms_of_the_profile(
         EMPTY_MANY,
         IN_STEP,
         IN_STEP_NONE,
+        LAG,
+        LAG_NONE,
         PROBE,
         TUPLE,
         TUPLE_ONE,
@@ -97,12 +99,17 @@ def test_probes_timed_with_the_plans_set_the_machine_speed_terms_of_the_profile(
         IN_STEP_NONE: [1e-3] * 3,
         TUPLE: [5e-4 + (TUPLE_TENSORS - 1) * 1.5e-5] * 3,
         TUPLE_ONE: [5e-4] * 3,
+        # With 1 ms more of kernels a round, each all-reduce adds 100 us more.
+        LAG: [IN_STEP_ROUNDS * (2e-3 + 1.5e-4)] * 3,
+        LAG_NONE: [IN_STEP_ROUNDS * 2e-3] * 3,
     }
     now = with_probes(profile, times, probe_kernel_s=2e-3)
     assert now.kernel_time_scale == pytest.approx(2.0)
     assert now.step_buffer_s == pytest.approx(buffer_s)
     assert now.step_overhead_s == pytest.approx(empty_s - 2 * buffer_s)
     assert now.tuple_all_reduce_element_s == pytest.approx(1.5e-5)
+    # 1e-3 / 16 = 62.5 us a round without, 2 ms with more kernels: 100 us / 1.9375 ms.
+    assert now.worker_lag == pytest.approx((1.5e-4 - 5e-5) / (2e-3 - 1e-3 / IN_STEP_ROUNDS))
     # A 4 KB all-reduce now adds 50 us to a step; every point moves by 30 us.
     assert [size for size, _ in now.all_reduce_points] == [4096.0, 65536.0]
     assert [t for _, t in now.all_reduce_points] == pytest.approx([5e-5, 1.3e-4])

@@ -98,6 +98,7 @@ def test_unknown_profile_name_lists_the_valid_ones():
         (lambda d: d.update(step_overhead_s=-1e-6), "step_overhead_s"),
         (lambda d: d.update(step_buffer_s="slow"), "step_buffer_s"),
         (lambda d: d.update(kernel_time_scale=0), "kernel_time"),
+        (lambda d: d.update(worker_lag=-0.5), "worker_lag"),
         (lambda d: d.update(calibration={"points": [{"bytes": 4096}]}), "calibration.points"),
     ],
 )
@@ -157,6 +158,8 @@ def test_calibrate_measures_fits_and_writes_a_loadable_profile(tmp_path, where):
     assert profile.step_overhead_s == pytest.approx(report["step_overhead_s"])
     assert profile.step_buffer_s == pytest.approx(report["step_buffer_s"])
     assert profile.kernel_time_scale == pytest.approx(report["kernel_time_scale"])
+    assert report["worker_lag"] >= 0
+    assert profile.worker_lag == pytest.approx(report["worker_lag"])
     assert min(t for _, t in profile.all_reduce_points) == pytest.approx(
         max(report["all_reduce_in_step_s"], 1e-9)
     )

@@ -84,3 +84,62 @@ def test_all_reduce_points_become_what_an_all_reduce_adds_to_a_computing_step():
     assert [t for _, t in in_step_points(measured, no_probe)] == pytest.approx(
         [1e-3 - 2e-5, 0.5e-3 - 2e-5, 3e-3 - 2e-5]
     )
+
+
+def _kernel_time_before_each_collective(spans_ps) -> list[int]:
+    """From a run's spans in start order: for each all-reduce, the kernel time
+    (ps) started since the previous all-reduce started (or the step's start)."""
+    found, since = [], 0
+    for _, _, kind, start, end in sorted(spans_ps, key=lambda span: span[3]):
+        if kind == "kernel":
+            since += end - start
+        else:
+            found.append(since)
+            since = 0
+    return found
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_collective_waits_for_the_slowest_worker_by_the_worker_lag(module, threads):
+    plain = dataclasses.replace(
+        load_profile("cpu-local"),
+        compute_threads=threads,
+        step_overhead_s=0.0,
+        step_buffer_s=0.0,
+        kernel_time_scale=1.0,
+        worker_lag=0.0,
+    )
+    lagging = dataclasses.replace(plain, worker_lag=0.5)
+    graph, costs = timed(module, Plan.unfused(module), plain)
+    base = simulate(graph, plain, costs)
+    result = simulate(graph, lagging, costs)
+    collectives = [span for span in result.spans_ps if span[2] != "kernel"]
+    base_collectives = {span[0]: span for span in base.spans_ps if span[2] != "kernel"}
+    waits = _kernel_time_before_each_collective(result.spans_ps)
+    assert len(collectives) == len(waits) == 2 and sum(waits) > 0
+    ordered = sorted(collectives, key=lambda span: span[3])
+    for (name, _, _, start, end), kernels_ps in zip(ordered, waits, strict=True):
+        _, _, _, base_start, base_end = base_collectives[name]
+        # Its own transfer, plus half the kernel time since the workers last met.
+        assert end - start == (base_end - base_start) + round(0.5 * kernels_ps)
+    if threads == 1:  # one after another: the waits add to the iteration
+        assert result.iteration_s == pytest.approx(base.iteration_s + 0.5 * sum(waits) * 1e-12)
+    assert result.iteration_s > base.iteration_s
+
+
+def test_a_gpu_profile_ignores_the_worker_lag(module):
+    profile = load_profile("h200-1x8-nvlink")
+    assert profile.worker_lag == 0.0
+    graph = build_task_graph(module, Plan.unfused(module))
+    _, costs = timed(module, Plan.unfused(module), profile)
+    lagging = dataclasses.replace(profile, worker_lag=0.5)
+    assert simulate(graph, lagging, costs).spans_ps == simulate(graph, profile, costs).spans_ps
+
+
+def test_the_worker_lag_is_the_all_reduce_growth_over_the_kernel_time():
+    from disco_xla.simulator.calibrate import worker_lag
+
+    # An all-reduce adds 20 us after 15 us of kernels a round, 70 us after 515 us.
+    assert worker_lag((20e-6, 15e-6), (70e-6, 515e-6)) == pytest.approx(0.1)
+    assert worker_lag((20e-6, 15e-6), (10e-6, 515e-6)) == 0.0  # never negative
+    assert worker_lag((20e-6, 15e-6), (70e-6, 15e-6)) == 0.0  # no more kernels: unknown
