@@ -262,9 +262,10 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
     share its host), so a profile calibrated minutes before describes another
     machine. The terms: the host's step costs (empty steps), the kernel time
     scale (compute probe), the in-step all-reduce time (by which every
-    all-reduce point moves), the worker lag and each tuple tensor's time (`calibrate.StepCosts`,
-    `calibrate.in_step_points`). The all-reduce points' size-dependent part and
-    the device rates stay the profile's."""
+    all-reduce point moves), the worker lag (the in-step probe with more kernels)
+    and each tuple tensor's time (`calibrate.StepCosts`, `calibrate.in_step_points`).
+    The all-reduce points' size-dependent part and the device rates stay the
+    profile's."""
     import dataclasses
 
     from disco_xla.simulator import calibrate
