@@ -273,19 +273,14 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
     def median(name):
         return statistics.median(times[name])
 
-    def in_step(with_all_reduces, without):  # as `calibrate.all_reduce_in_step` gives it
-        with_s, without_s = median(with_all_reduces), median(without)
-        rounds = calibrate.IN_STEP_ROUNDS
-        return max(0.0, (with_s - without_s) / rounds), without_s / rounds
-
-    small = in_step(IN_STEP, IN_STEP_NONE)
+    small = calibrate.in_step_from(median(IN_STEP), median(IN_STEP_NONE))
     step = calibrate.StepCosts.from_times(
         median(EMPTY),
         median(EMPTY_MANY),
         median(PROBE),
         probe_kernel_s,
         small[0],
-        calibrate.worker_lag(small, in_step(LAG, LAG_NONE)),
+        calibrate.worker_lag(small, calibrate.in_step_from(median(LAG), median(LAG_NONE))),
     )
     points = profile.all_reduce_points
     if points:
@@ -297,9 +292,7 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
         kernel_time_scale=step.kernel_time_scale,
         worker_lag=step.worker_lag,
         all_reduce_points=points,
-        tuple_all_reduce_element_s=max(
-            0.0, (median(TUPLE) - median(TUPLE_ONE)) / (calibrate.TUPLE_TENSORS - 1)
-        ),
+        tuple_all_reduce_element_s=calibrate.tuple_element_from(median(TUPLE), median(TUPLE_ONE)),
     )
 
 

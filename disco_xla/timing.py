@@ -1,5 +1,6 @@
 """Wall-clock timing of repeated runs, shared by calibration, the benchmarks and
-the first-call speed check of `disco_xla.jit` / `disco_xla.tf_function`."""
+the first-call speed check of `disco_xla.jit` / `disco_xla.tf_function`; the
+JAX profiler's events of repeated runs; and holding the CPUs awake."""
 
 from __future__ import annotations
 
@@ -41,6 +42,42 @@ def paired_median_seconds(
             calls[name]()
             seconds[name].append(time.perf_counter() - started)
     return statistics.median(seconds["original"]), statistics.median(seconds["rewritten"])
+
+
+def traced_events(
+    run: Callable[[], object], runs: int, plane_prefixes: tuple[str, ...]
+) -> list[tuple[str, dict, float]]:
+    """(event name, stats, seconds) of every event on the JAX profiler's planes
+    whose name starts with one of `plane_prefixes`, over `runs` calls of `run`
+    (each must block until its results are ready). The Python tracer is off: on
+    a few cores its own work slows the kernels it is meant to time. On the CPU the
+    plane `/host:CPU` has one event per thunk, with the stats `hlo_op`, `run_id`
+    and `device_ordinal`."""
+    import glob
+    import tempfile
+
+    import jax
+    from jax._src.lib import _profile_data
+
+    found: list[tuple[str, dict, float]] = []
+    with tempfile.TemporaryDirectory() as directory:
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0
+        jax.profiler.start_trace(directory, profiler_options=options)
+        try:
+            for _ in range(runs):
+                run()
+        finally:
+            jax.profiler.stop_trace()
+        traces = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)
+        if not traces:
+            raise RuntimeError("the JAX profiler wrote no trace")
+        for plane in _profile_data.ProfileData.from_file(traces[0]).planes:
+            if plane.name.startswith(plane_prefixes):
+                for line in plane.lines:
+                    for event in line.events:
+                        found.append((event.name, dict(event.stats), event.duration_ns * 1e-9))
+    return found
 
 
 # Linux's PM QoS interface: while a process holds this file open with a 32-bit 0

@@ -11,15 +11,13 @@ wall-clock claims.
 
 from __future__ import annotations
 
-import glob
-import os
 import statistics
-import tempfile
 from collections.abc import Callable
 
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.timing import traced_events
 
 # The trace planes that hold kernel events, per platform. On the CPU, one event
 # per thunk with the stat `hlo_op`; on a GPU, the device planes' kernel events
@@ -38,37 +36,16 @@ def profile_kernel_times(
     the one whose sum predicts a step of many kernels (the sum's median tends to
     the sum of the means), where the machine's load stretches some of them."""
     import jax
-    from jax._src.lib import _profile_data
 
     # Each run is blocked on: results still in flight when the trace stops are
     # not in it (seen on jax.distributed runs, where dispatch returns at once).
     jax.block_until_ready(run())  # compile caches warm, first-run effects out of the trace
     samples: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as directory:
-        # Without the Python tracer: on a few cores its own work slows the kernels
-        # it is meant to time.
-        options = jax.profiler.ProfileOptions()
-        options.python_tracer_level = 0
-        jax.profiler.start_trace(directory, profiler_options=options)
-        try:
-            for _ in range(repeats):
-                jax.block_until_ready(run())
-        finally:
-            jax.profiler.stop_trace()
-        traces = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)
-        if not traces:
-            raise RuntimeError("the JAX profiler wrote no trace")
-        profile = _profile_data.ProfileData.from_file(traces[0])
-        prefixes = KERNEL_PLANES[platform]
-        for plane in profile.planes:
-            if not any(plane.name.startswith(prefix) for prefix in prefixes):
-                continue
-            for line in plane.lines:
-                for event in line.events:
-                    stats = dict(event.stats)
-                    name = stats.get("hlo_op") or (event.name if platform != "cpu" else None)
-                    if name:
-                        samples.setdefault(name, []).append(event.duration_ns * 1e-9)
+    events = traced_events(lambda: jax.block_until_ready(run()), repeats, KERNEL_PLANES[platform])
+    for event_name, stats, seconds in events:
+        name = stats.get("hlo_op") or (event_name if platform != "cpu" else None)
+        if name:
+            samples.setdefault(name, []).append(seconds)
     return {name: statistic(times) for name, times in samples.items()}
 
 

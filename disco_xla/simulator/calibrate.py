@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disco_xla.timing import median_seconds, paired_median_seconds
+from disco_xla.timing import median_seconds, paired_median_seconds, traced_events
 
 SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
 # The tuple all-reduce probe: 16 tensors of 16 KB against one of 256 KB.
@@ -205,37 +205,14 @@ def compute_probe(mesh, place: Callable, place_split: Callable) -> Callable[[], 
 
 def traced_kernel_s(run: Callable[[], object], runs: int) -> float:
     """The median, over runs and this process's devices, of the summed durations
-    of the kernels one run of `run` executes (the profiler's `/host:CPU` plane has
-    one event per thunk, with stats `hlo_op`, `run_id` and `device_ordinal`)."""
-    import glob
+    of the kernels one run of `run` executes (`timing.traced_events`)."""
     import statistics
-    import tempfile
-
-    import jax
-    from jax._src.lib import _profile_data
 
     sums: dict[tuple, float] = {}
-    with tempfile.TemporaryDirectory() as directory:
-        options = jax.profiler.ProfileOptions()
-        options.python_tracer_level = 0
-        jax.profiler.start_trace(directory, profiler_options=options)
-        try:
-            for _ in range(runs):
-                run()
-        finally:
-            jax.profiler.stop_trace()
-        trace = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)
-        if not trace:
-            raise RuntimeError("the JAX profiler wrote no trace")
-        for plane in _profile_data.ProfileData.from_file(trace[0]).planes:
-            if not plane.name.startswith("/host:CPU"):
-                continue
-            for line in plane.lines:
-                for event in line.events:
-                    stats = dict(event.stats)
-                    if "hlo_op" in stats:
-                        key = (stats.get("run_id"), stats.get("device_ordinal"))
-                        sums[key] = sums.get(key, 0.0) + event.duration_ns * 1e-9
+    for _, stats, seconds in traced_events(run, runs, ("/host:CPU",)):
+        if "hlo_op" in stats:
+            key = (stats.get("run_id"), stats.get("device_ordinal"))
+            sums[key] = sums.get(key, 0.0) + seconds
     if not sums:
         raise RuntimeError("the profiler trace of the compute probe holds no kernels")
     return statistics.median(sums.values())
@@ -285,6 +262,12 @@ def all_reduce_in_step(
     for call in calls * 3:
         call()
     without_s, with_s = paired_median_seconds(*reversed(calls), IN_STEP_RUNS)
+    return in_step_from(with_s, without_s)
+
+
+def in_step_from(with_s: float, without_s: float) -> tuple[float, float]:
+    """`all_reduce_in_step` from the in-step probe's times with and without its
+    all-reduces."""
     return max(0.0, (with_s - without_s) / IN_STEP_ROUNDS), without_s / IN_STEP_ROUNDS
 
 
@@ -379,6 +362,12 @@ def _tuple_element_s(reduce_tuple: Callable, reduce_one: Callable, data, repeats
     for call in calls * 3:
         call()
     one_s, tuple_s = paired_median_seconds(*calls, max(repeats, IN_STEP_RUNS))
+    return tuple_element_from(tuple_s, one_s)
+
+
+def tuple_element_from(tuple_s: float, one_s: float) -> float:
+    """Seconds each tensor after the first adds to a tuple all-reduce, from the
+    tuple probe's times: the tuple of TUPLE_TENSORS, and their bytes as one (>= 0)."""
     return max(0.0, (tuple_s - one_s) / (TUPLE_TENSORS - 1))
 
 
