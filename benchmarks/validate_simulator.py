@@ -24,8 +24,8 @@ also trace one step of each plan for its kernel times. In the same rounds,
 `disco-xla calibrate`'s probes are timed (and the compute probe traced), and the
 profile's machine-speed terms are taken from them (`with_probes`): the host's
 cost of a step, the kernel time scale, the in-step all-reduce time, the
-worker lag and each tuple tensor's time. This machine's speed drifts by up to
-2x within minutes, so a profile calibrated before describes another machine
+worker lag and each tuple tensor's time. This machine's speed drifted by 1.8x
+within minutes, so a profile calibrated before describes another machine
 (--no-probes keeps the profile's own terms). The simulation adds the host's cost of a step for the
 compiled module's argument and result buffers (`step_buffers`) and scales
 kernel times by the kernel time scale. Each kernel's time is its mean over the
@@ -258,7 +258,7 @@ def _probes(mesh) -> dict:
 def with_probes(profile, times: dict, probe_kernel_s: float):
     """`profile` with the terms that `disco-xla calibrate` measures on its probes
     taken from the probes timed now, in the same rounds as the plans: this
-    machine's speed drifts by up to 2x within minutes (other virtual machines
+    machine's speed drifted by 1.8x within minutes (other virtual machines
     share its host), so a profile calibrated minutes before describes another
     machine. The terms: the host's step costs (empty steps), the kernel time
     scale (compute probe), the in-step all-reduce time (by which every

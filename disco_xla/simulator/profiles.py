@@ -86,9 +86,10 @@ class ClusterProfile:
     # kernel time a worker ran since the workers last met (the step's start or the
     # previous collective). A collective waits for it, holding its thread (the
     # `cpu-threads` model). Workers that share cores drift apart as they compute:
-    # on this machine 2 devices in one process were 0.23-0.28 of a round's compute
-    # apart (`benchmarks/all_reduce_in_step.py`). `disco-xla calibrate` measures
-    # it (`calibrate.StepCosts`); 0 where not measured.
+    # on this machine, with 64 KB or more of kernels a round, 0.78-1.57 of it over
+    # 2 gloo processes and 0.02-0.06 for 2 devices in one process
+    # (`benchmarks/all_reduce_in_step.py`). `disco-xla calibrate` measures it
+    # (`calibrate.StepCosts`); 0 where not measured.
     worker_lag: float = 0.0
     efficiency: dict[str, float] = field(default_factory=dict)
     # (bytes, seconds) all-reduce times measured by `disco-xla calibrate` over this
