@@ -31,7 +31,9 @@ compiled module's argument and result buffers (`step_buffers`) and scales
 kernel times by the kernel time scale. Each kernel's time is its mean over the
 profiled runs (--kernel-statistic). Each row also gives the simulation without
 one model term (`simulated_ms_ablated`: no step costs, no kernel time scale, the
-other kernel statistic), which is what that term contributes, and with
+other kernel statistic), which is what that term contributes; with each
+collective's traced duration as its cost (`traced_collectives`: what is left
+when the collectives cost what the trace measured, waits included); and with
 predicted kernel times instead of measured ones (the shipped GNN, and the
 roofline): their iteration-time error. While measuring, idle CPUs are kept
 polling (`disco_xla.timing.cpus_kept_awake`; --let-cpus-sleep to not): on this
@@ -189,7 +191,7 @@ def _measure_rotating(
     return times, samples
 
 
-def _simulated(compiled, graph, samples: dict, statistic: str, profile):
+def _simulated(compiled, graph, samples: dict, statistic: str, profile, comm_cost=None):
     """(simulation, its cost model) of one compiled plan, with a table of each
     kernel's `statistic` ('mean' or 'median') over its profiled `samples`."""
     from disco_xla.profiling.kernel_times import kernel_time_table
@@ -199,7 +201,33 @@ def _simulated(compiled, graph, samples: dict, statistic: str, profile):
     reduce = statistics.mean if statistic == "mean" else statistics.median
     table = kernel_time_table(compiled, {k: reduce(v) for k, v in samples.items()})
     cost_model = TableCostModel(table, RooflineCostModel(profile))
-    return simulate(graph, profile, cost_model, step_buffers=step_buffers(compiled)), cost_model
+    extra = {} if comm_cost is None else {"comm_cost": comm_cost}
+    result = simulate(graph, profile, cost_model, step_buffers=step_buffers(compiled), **extra)
+    return result, cost_model
+
+
+def traced_comm_cost(graph, samples: dict):
+    """A communication cost (`CommCostFn`) that gives each all-reduce of `graph`
+    its traced duration: the mean over the traced rounds of each communication
+    task's instruction (by its byte count; tasks of one size share their mean),
+    the profile's own model for any size the trace did not show. A traced
+    duration holds everything the collective waited for, the other workers
+    included, so it goes with a profile whose worker lag and tuple tensor time are
+    0. A diagnostic: what the simulation gives when only its collective costs are
+    taken from the measurement."""
+    from disco_xla.simulator.comm import all_reduce_s
+
+    by_size: dict[int, list[float]] = {}
+    for name, size, _ in graph.communications:
+        if name in samples:
+            by_size.setdefault(size, []).append(statistics.mean(samples[name]))
+    table = {size: statistics.mean(seconds) for size, seconds in by_size.items()}
+
+    def cost(size_bytes, profile):
+        found = table.get(size_bytes)
+        return all_reduce_s(size_bytes, profile) if found is None else found
+
+    return cost
 
 
 def _placements(mesh):
@@ -335,6 +363,7 @@ def validate_model(name: str, size: str, workers: int, args, profile) -> list[di
         "no_step_costs": dataclasses.replace(profile, step_overhead_s=0.0, step_buffer_s=0.0),
         "no_kernel_time_scale": dataclasses.replace(profile, kernel_time_scale=1.0),
     }
+    traced_profile = dataclasses.replace(profile, worker_lag=0.0, tuple_all_reduce_element_s=0.0)
     gnn = GnnCostModel.load(default_model_directory())
     rows = []
     for plan_name, (_, compiled) in programs.items():
@@ -347,6 +376,14 @@ def validate_model(name: str, size: str, workers: int, args, profile) -> list[di
             for term, changed in ablations.items()
         }
         without[f"{other}_kernel_times"] = _simulated(compiled, graph, found, other, profile)[0]
+        without["traced_collectives"] = _simulated(
+            compiled,
+            graph,
+            found,
+            args.kernel_statistic,
+            traced_profile,
+            traced_comm_cost(graph, found),
+        )[0]
         # The same program with predicted instead of measured kernel times: the
         # iteration-time error of the GNN (issue 5) and of the roofline.
         for label, predicted in (("gnn", gnn), ("roofline", RooflineCostModel(profile))):

@@ -45,6 +45,8 @@ def test_two_processes_measure_and_simulate_none_xla_and_a_hand_picked_bucketing
         predicted = row["simulated_ms_ablated"]
         assert predicted["gnn_cost_model"] > 0 and predicted["roofline_cost_model"] > 0
         assert predicted["gnn_cost_model"] != row["simulated_ms"]
+        # The same simulation with the traced collective times.
+        assert predicted["traced_collectives"] > 0
     # vgg19 tiny has 38 gradients and a mean loss: one all-reduce each without the
     # combiner, XLA's one tuple all-reduce, and three buckets plus the loss.
     assert rows["none"]["all_reduces"] == 39
@@ -115,3 +117,26 @@ def test_probes_timed_with_the_plans_set_the_machine_speed_terms_of_the_profile(
     assert [t for _, t in now.all_reduce_points] == pytest.approx([5e-5, 1.3e-4])
     # The device's rates stay the profile's.
     assert now.peak_flops == profile.peak_flops
+
+
+def test_traced_collectives_cost_what_the_trace_measured():
+    import pytest
+
+    from benchmarks.validate_simulator import traced_comm_cost
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.plan import Plan
+    from disco_xla.simulator.comm import all_reduce_s
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.profiles import load_profile
+    from tests.simulator.test_simulator import TWO_GRADIENTS
+
+    module = module_from_text(TWO_GRADIENTS)
+    graph = build_task_graph(module, Plan.unfused(module))
+    profile = load_profile("cpu-local")
+    # Both all-reduces are 4 KB: they share the mean of their traced means.
+    cost = traced_comm_cost(graph, {"mean1": [1e-3, 3e-3], "mean2": [4e-3], "grad1": [9.0]})
+    assert cost(4096, profile) == pytest.approx((2e-3 + 4e-3) / 2)
+    # A size the trace did not show keeps the profile's model.
+    assert cost(8192, profile) == all_reduce_s(8192, profile)
+    # Without traced all-reduces every size keeps it.
+    assert traced_comm_cost(graph, {"grad1": [9.0]})(4096, profile) == all_reduce_s(4096, profile)
