@@ -6,9 +6,12 @@ For each plan of `validate_simulator.py` (`none`, `xla`, `buckets`), the step is
 timed untraced (median of --runs), then --steps steps are traced, and each
 traced step gives the summed durations of its collectives and of its other
 kernels on one device, and the collectives that took longer than --long-ms
-("long": a collective of a few KB takes well under a millisecond here). The
-idle CPUs are kept polling (`disco_xla.timing.cpus_kept_awake`). Rows are per
-plan: medians over the traced steps and devices, with the range.
+("long": a collective of a few KB takes well under a millisecond here). With
+several devices in one process, it also gives the step's kernel time as if each
+phase between collectives took as long as on its slowest device, over the
+devices' mean (`slower_device_ratios`): a collective waits for the last device.
+The idle CPUs are kept polling (`disco_xla.timing.cpus_kept_awake`). Rows are
+per plan: medians over the traced steps (and devices), with the range.
 
     .venv/bin/python benchmarks/collective_times.py MODEL           # 2 devices, one process
     disco-xla launch -n 2 benchmarks/collective_times.py MODEL      # 2 gloo processes
@@ -52,6 +55,42 @@ def per_step_times(events, collectives: set[str], long_s: float) -> list[dict]:
         else:
             step["kernel_s"] += seconds
     return [steps[key] for key in sorted(steps, key=str)]
+
+
+def slower_device_ratios(events, collectives: set[str]) -> list[float]:
+    """For each traced run that holds two or more devices (one process): the
+    step's kernel time if every phase between collectives took as long as on
+    its slowest device, over the devices' mean kernel time. Each collective
+    waits for the last device to reach it, so a step follows its slowest device
+    phase by phase; a per-device simulation with mean kernel times gives the
+    mean. Phases are the kernels of a device, in the order they started, cut at
+    each collective."""
+    runs: dict = {}
+    for _, stats, seconds in events:
+        name = stats.get("hlo_op")
+        if name:
+            device = runs.setdefault(stats.get("run_id"), {}).setdefault(
+                stats.get("device_ordinal"), []
+            )
+            device.append((stats["start_ns"], name, seconds))
+    ratios = []
+    for devices in runs.values():
+        phases = []
+        for kernels in devices.values():
+            phase = [0.0]
+            for _, name, seconds in sorted(kernels):
+                if name in collectives:
+                    phase.append(0.0)
+                else:
+                    phase[-1] += seconds
+            phases.append(phase)
+        if len(phases) < 2 or len({len(p) for p in phases}) != 1:
+            continue
+        slowest = sum(max(step) for step in zip(*phases, strict=True))
+        mean = sum(sum(p) for p in phases) / len(phases)
+        if mean > 0:
+            ratios.append(slowest / mean)
+    return ratios
 
 
 def main() -> int:
@@ -109,6 +148,7 @@ def main() -> int:
                     len(collectives),
                     statistics.median(seconds),
                     per_step_times(events, collectives, args.long_ms * 1e-3),
+                    slower_device_ratios(events, collectives),
                 )
             )
     if jax.process_index() != 0:
@@ -118,21 +158,22 @@ def main() -> int:
     print(
         f"| plan | collectives | step ms (untraced) | traced: collectives ms a step | "
         f"other kernels ms a step | collectives over {args.long_ms:g} ms a step | "
-        "their ms a step |"
+        "their ms a step | kernels, slowest device a phase / mean device |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
     def cell(values, digits=2):
         low, mid, high = min(values), statistics.median(values), max(values)
         return f"{mid:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
-    for plan, count, step_s, steps in rows:
+    for plan, count, step_s, steps, ratios in rows:
         print(
             f"| {plan} | {count} | {step_s * 1e3:.2f} | "
             f"{cell([s['collective_s'] * 1e3 for s in steps])} | "
             f"{cell([s['kernel_s'] * 1e3 for s in steps])} | "
             f"{cell([s['long'] for s in steps], 0)} | "
-            f"{cell([s['long_s'] * 1e3 for s in steps])} |"
+            f"{cell([s['long_s'] * 1e3 for s in steps])} | "
+            f"{cell(ratios) if ratios else '-'} |"
         )
     return 0
 

@@ -52,7 +52,8 @@ def traced_events(
     (each must block until its results are ready). The Python tracer is off: on
     a few cores its own work slows the kernels it is meant to time. On the CPU the
     plane `/host:CPU` has one event per thunk, with the stats `hlo_op`, `run_id`
-    and `device_ordinal`."""
+    and `device_ordinal`. Each event's stats also hold `start_ns`, its start in
+    nanoseconds from the trace's start."""
     import glob
     import tempfile
 
@@ -76,7 +77,8 @@ def traced_events(
             if plane.name.startswith(plane_prefixes):
                 for line in plane.lines:
                     for event in line.events:
-                        found.append((event.name, dict(event.stats), event.duration_ns * 1e-9))
+                        stats = {**dict(event.stats), "start_ns": event.start_ns}
+                        found.append((event.name, stats, event.duration_ns * 1e-9))
     return found
 
 

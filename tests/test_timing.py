@@ -1,5 +1,5 @@
-"""`disco_xla.timing.cpus_kept_awake`: the PM QoS request it writes, and what it
-does where it may not write one."""
+"""`disco_xla.timing`: `cpus_kept_awake` (the PM QoS request it writes, and what it
+does where it may not write one) and `traced_events`."""
 
 from __future__ import annotations
 
@@ -42,3 +42,27 @@ def test_an_error_inside_the_block_still_releases_the_request(tmp_path):
 def test_the_real_request_is_held_on_this_machine():
     with cpus_kept_awake() as held:
         assert held
+
+
+def test_traced_kernels_carry_their_start_in_run_order():
+    import jax
+    import jax.numpy as jnp
+
+    from disco_xla.timing import traced_events
+
+    x = jax.block_until_ready(jnp.ones(64))
+    step = jax.jit(lambda x: jnp.sin(x) + 1).lower(x).compile()
+    kernels = [
+        stats
+        for _, stats, _ in traced_events(lambda: jax.block_until_ready(step(x)), 3, ("/host:CPU",))
+        if "hlo_op" in stats
+    ]
+    assert kernels
+    starts = {}
+    for stats in kernels:
+        assert stats["start_ns"] >= 0
+        starts.setdefault(stats["run_id"], []).append(stats["start_ns"])
+    # Three runs, one after another: each run's kernels start after the last one's.
+    runs = sorted(starts.values(), key=min)
+    assert len(runs) == 3
+    assert all(max(a) < min(b) for a, b in zip(runs, runs[1:], strict=False))
