@@ -34,27 +34,39 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 IN_PROCESS_DEVICES = 2
 
 
+def _kernels_by_run_and_device(events) -> dict:
+    """{traced run: {device: [(start, instruction, seconds)]}} of the traced
+    (name, stats, seconds) events that are kernels (they name an HLO op)."""
+    runs: dict = {}
+    for _, stats, seconds in events:
+        name = stats.get("hlo_op")
+        if name:
+            device = runs.setdefault(stats.get("run_id"), {}).setdefault(
+                stats.get("device_ordinal"), []
+            )
+            device.append((stats.get("start_ns", 0), name, seconds))
+    return runs
+
+
 def per_step_times(events, collectives: set[str], long_s: float) -> list[dict]:
     """From traced (name, stats, seconds) events: for each (traced run, device),
     the summed seconds of its collectives and of its other kernels, and the
     count and summed seconds of its collectives longer than `long_s`."""
-    steps: dict[tuple, dict] = {}
-    for _, stats, seconds in events:
-        name = stats.get("hlo_op")
-        if not name:
-            continue
-        key = (stats.get("run_id"), stats.get("device_ordinal"))
-        step = steps.setdefault(
-            key, {"collective_s": 0.0, "kernel_s": 0.0, "long": 0, "long_s": 0.0}
-        )
-        if name in collectives:
-            step["collective_s"] += seconds
-            if seconds > long_s:
-                step["long"] += 1
-                step["long_s"] += seconds
-        else:
-            step["kernel_s"] += seconds
-    return [steps[key] for key in sorted(steps, key=str)]
+    steps = []
+    runs = _kernels_by_run_and_device(events)
+    for run in sorted(runs, key=str):
+        for device in sorted(runs[run], key=str):
+            step = {"collective_s": 0.0, "kernel_s": 0.0, "long": 0, "long_s": 0.0}
+            for _, name, seconds in runs[run][device]:
+                if name in collectives:
+                    step["collective_s"] += seconds
+                    if seconds > long_s:
+                        step["long"] += 1
+                        step["long_s"] += seconds
+                else:
+                    step["kernel_s"] += seconds
+            steps.append(step)
+    return steps
 
 
 def slower_device_ratios(events, collectives: set[str]) -> list[float]:
@@ -65,16 +77,8 @@ def slower_device_ratios(events, collectives: set[str]) -> list[float]:
     phase by phase; a per-device simulation with mean kernel times gives the
     mean. Phases are the kernels of a device, in the order they started, cut at
     each collective."""
-    runs: dict = {}
-    for _, stats, seconds in events:
-        name = stats.get("hlo_op")
-        if name:
-            device = runs.setdefault(stats.get("run_id"), {}).setdefault(
-                stats.get("device_ordinal"), []
-            )
-            device.append((stats["start_ns"], name, seconds))
     ratios = []
-    for devices in runs.values():
+    for devices in _kernels_by_run_and_device(events).values():
         phases = []
         for kernels in devices.values():
             phase = [0.0]
@@ -126,12 +130,7 @@ def main() -> int:
     rows = []
     with cpus_kept_awake() as awake:
         for plan, (run, compiled) in programs.items():
-            collectives = {
-                i.name
-                for c in compiled.computations
-                for i in c.instructions
-                if i.opcode == "all-reduce"
-            }
+            collectives = {a.name for a in compiled.all_reduces}
             for _ in range(5):
                 jax.block_until_ready(run())
             seconds = []

@@ -195,14 +195,16 @@ def _simulated(compiled, graph, samples: dict, statistic: str, profile, comm_cos
     """(simulation, its cost model) of one compiled plan, with a table of each
     kernel's `statistic` ('mean' or 'median') over its profiled `samples`."""
     from disco_xla.profiling.kernel_times import kernel_time_table
+    from disco_xla.simulator.comm import all_reduce_s
     from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
     from disco_xla.simulator.events import simulate
 
     reduce = statistics.mean if statistic == "mean" else statistics.median
     table = kernel_time_table(compiled, {k: reduce(v) for k, v in samples.items()})
     cost_model = TableCostModel(table, RooflineCostModel(profile))
-    extra = {} if comm_cost is None else {"comm_cost": comm_cost}
-    result = simulate(graph, profile, cost_model, step_buffers=step_buffers(compiled), **extra)
+    result = simulate(
+        graph, profile, cost_model, comm_cost or all_reduce_s, step_buffers=step_buffers(compiled)
+    )
     return result, cost_model
 
 
