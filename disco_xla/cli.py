@@ -186,6 +186,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     profile = calibrate.cpu_profile(
         fit, workers, runtime, flops, bandwidth, tuple_element_s, step, measured
     )
+    from disco_xla.profiling.boundary_cost import measure_fusion_boundary_s
+    from disco_xla.simulator.profiles import profile_from_dict
+
+    boundary = measure_fusion_boundary_s(profile_from_dict(profile, "calibrate"))
+    profile["fusion_boundary_s"] = boundary.fusion_boundary_s
     try:
         with open(args.output, "w") as file:
             file.write(
@@ -210,6 +215,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         "kernel_time_scale": step.kernel_time_scale,
         "all_reduce_in_step_s": step.all_reduce_in_step_s,
         "worker_lag": step.worker_lag,
+        "fusion_boundary_s": boundary.fusion_boundary_s,
+        "fusion_boundary_probe": boundary.__dict__,
         "profile": args.output,
     }
     if args.json:
@@ -238,6 +245,12 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(
             f"  at a collective the slowest worker is {step.worker_lag:.2f} of the kernel "
             "time since the workers last met behind"
+        )
+        print(
+            f"  a kernel boundary costs {boundary.fusion_boundary_s * 1e6:.2f} us beyond its "
+            f"modelled kernel ({boundary.boundaries} boundaries: {boundary.xla_s * 1e3:.3f} ms "
+            f"-> {boundary.split_s * 1e3:.3f} ms, "
+            f"modelled +{boundary.modelled_extra_s * 1e3:.3f} ms)"
         )
         print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
         print(f"wrote {args.output}")
@@ -373,14 +386,9 @@ def _optimize(args: argparse.Namespace) -> int:
             file.write(best.plan.to_json())
     except OSError as error:
         raise DiscoInputError(plan_path, f"cannot write it ({error.strerror})") from None
+    written = None
     if plan_path != args.output:  # -o names a module: search and apply in one go
-        from disco_xla.hlo_passes.hlo_io import save_module
-        from disco_xla.runtime.apply import RewriteError, apply_plan
-
-        try:
-            save_module(apply_plan(module, best.plan, plan_path), args.output)
-        except RewriteError as error:
-            raise DiscoInputError(args.output, str(error)) from None
+        written = _write_checked(module, best.plan, plan_path, args)
     if args.report:
         from disco_xla.report import write_report
 
@@ -391,6 +399,9 @@ def _optimize(args: argparse.Namespace) -> int:
         "cluster": profile.name,
         "plan": plan_path,
     }
+    if written is not None:
+        report["measured"] = written.measured()
+        report["written"] = written.written
     if args.json:
         print(json.dumps(report))
         return 0
@@ -400,8 +411,40 @@ def _optimize(args: argparse.Namespace) -> int:
         "simulated over the captured module (XLA's kernels mapped back onto it)"
     )
     print(format_table(comparison))
-    print(f"wrote {plan_path}" + ("" if plan_path == args.output else f" and {args.output}"))
+    print(f"wrote {plan_path}")
+    if written is not None:
+        print(_written_line(args.output, written))
     return 0
+
+
+def _write_checked(module, plan, plan_source: str, args: argparse.Namespace):
+    """Rewrite `module` for `plan`, checked on this machine (unless --no-check),
+    and save the program `planning.checked_rewrite` chose to `args.output`."""
+    from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.planning import checked_rewrite
+
+    if args.rounds < 1:
+        raise DiscoInputError(args.file, "--rounds must be at least 1")
+    written = checked_rewrite(
+        module,
+        plan,
+        plan_source,
+        buckets_only=args.buckets_only,
+        check=not args.no_check,
+        rounds=args.rounds,
+    )
+    save_module(written.module, args.output)
+    return written
+
+
+def _written_line(path: str, written) -> str:
+    """One line: what was written to `path`, and why."""
+    what = {
+        "plan": "the plan (fusion boundaries and buckets)",
+        "buckets": "the plan's buckets alone",
+        "original": "the original module unchanged",
+    }[written.written]
+    return f"wrote {path}: {what}; {written.why}"
 
 
 def _load_plan(path: str):
@@ -415,22 +458,16 @@ def _load_plan(path: str):
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from disco_xla.hlo_passes.hlo_io import load_module, save_module
+    from disco_xla.hlo_passes.hlo_io import load_module
 
     module = load_module(args.file)
     plan = _load_plan(args.plan)
     _use_devices(module)
-    from disco_xla.runtime.apply import RewriteError, apply_plan
-
-    try:
-        rewritten = apply_plan(module, plan, args.plan)
-    except RewriteError as error:
-        raise DiscoInputError(args.plan, str(error)) from None
-    save_module(rewritten, args.output)
-    print(
-        f"wrote {args.output}: {len(plan.fusion_groups)} kernels, "
-        f"{len(plan.all_reduce_buckets)} gradient buckets (checked against XLA's compile)"
-    )
+    written = _write_checked(module, plan, args.plan, args)
+    if args.json:
+        print(json.dumps({"written": written.written, "measured": written.measured()}))
+        return 0
+    print(_written_line(args.output, written))
     return 0
 
 
@@ -599,6 +636,21 @@ def _eval_cost_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_write_checks(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that writes a rewritten module."""
+    parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="write the rewrite without running it against the original (for another machine)",
+    )
+    parser.add_argument(
+        "--buckets-only", action="store_true", help="apply the plan's buckets alone, no fusion"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="paired timing rounds of the check (default 5)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--verbose", action="store_true", help="show a traceback on errors")
@@ -697,14 +749,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     optimize.add_argument("--report", help="write an HTML report here")
     optimize.add_argument("--json", action="store_true")
+    _add_write_checks(optimize)
     optimize.set_defaults(run=_optimize)
 
     apply = commands.add_parser(
-        "apply", parents=[common], help="rewrite a module to run a plan (checked by compiling it)"
+        "apply",
+        parents=[common],
+        help="rewrite a module to run a plan (run against the original; never slower or different)",
     )
     apply.add_argument("file")
     apply.add_argument("plan", help="PLAN.json for this module")
     apply.add_argument("-o", "--output", required=True)
+    apply.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_write_checks(apply)
     apply.set_defaults(run=_apply)
 
     verify = commands.add_parser(

@@ -5,9 +5,18 @@ one `lax.pmean` per gradient, replicated over 4 CPU devices. The demo:
 
 1. captures it and inspects the module;
 2. searches for a plan with the `cpu-local` profile;
-3. applies the plan and checks the rewritten step computes the same;
-4. runs both, and prints the simulated and the measured step times;
+3. applies the plan as `disco-xla optimize -o` does: the plan, its buckets alone
+   and XLA's own program run on the same inputs, and the fastest one that
+   computes the same is written (never a slower or different program);
+4. runs `jax.pmap` and `disco_xla.jit` in paired rounds whose order rotates, and
+   prints the simulated and the measured step times. When `disco_xla.jit` kept
+   the original program it says so and claims no speed-up;
 5. writes the HTML report.
+
+Where the gain comes from here: in one process XLA's combiner sends every
+gradient in one all-reduce after the last one is ready, so nothing overlaps;
+the plan's buckets start as their gradients are ready, beside the remaining
+backward kernels.
 """
 
 from __future__ import annotations
@@ -94,9 +103,9 @@ def _optimize_apply_measure(module, step, args) -> int:
     import disco_xla
     from disco_xla.hlo_passes.hlo_io import save_module
     from disco_xla.plan_cache import PlanCache, cache_key
-    from disco_xla.planning import OptimizeSettings, prepared
+    from disco_xla.planning import OptimizeSettings, checked_rewrite, prepared
     from disco_xla.report import write_report
-    from disco_xla.runtime.apply import NO_COMBINER, apply_plan, verify_rewrite
+    from disco_xla.runtime.apply import NO_COMBINER
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.compare import compare_plans, format_table
     from disco_xla.simulator.cost_models import RooflineCostModel
@@ -124,15 +133,20 @@ def _optimize_apply_measure(module, step, args) -> int:
         file.write(plan.to_json())
     print(f"   plan saved to {plan_path}")
 
-    print("\n3. applying the plan and checking the rewritten step ...")
-    rewritten = apply_plan(module, plan, plan_path)
+    print("\n3. applying the plan, checked against XLA's own program on random inputs ...")
+    written = checked_rewrite(module, plan, plan_path)
     rewritten_path = os.path.join(OUTPUT_DIR, "mlp_step.optimized.hlo.pb")
-    save_module(rewritten, rewritten_path)
-    check = verify_rewrite(module, rewritten, DEVICES, rounds=3)
-    verdict = (
-        "bit-equal" if check.bit_equal else "equal within tolerance" if check.equal else "DIFFERENT"
-    )
-    print(f"   outputs on random inputs: {verdict}; rewritten module saved to {rewritten_path}")
+    save_module(written.module, rewritten_path)
+    for label, entry in written.candidates.items():
+        if "error" in entry:
+            print(f"   {label:<8} failed: {entry['error']}")
+            continue
+        equal = "equal" if entry["equal"] else "DIFFERENT"
+        print(
+            f"   {label:<8} {entry['seconds'] * 1e3:.3f} ms against XLA's "
+            f"{written.original_s * 1e3:.3f} ms, outputs {equal}"
+        )
+    print(f"   wrote {rewritten_path}: {written.written} ({written.why})")
 
     print("\n4. the real step: jax.pmap against disco_xla.jit, simulated and measured ...")
     with tempfile.TemporaryDirectory() as cache_dir:
@@ -147,33 +161,40 @@ def _optimize_apply_measure(module, step, args) -> int:
             cache_dir=cache_dir,
         )
         state = optimized(*args)  # first call: rewrite, compile, check against the original
-        print(f"   disco_xla.jit runs: {optimized.status()[-1]}")
+        status = optimized.status()[-1]
+        print(f"   disco_xla.jit runs: {status}")
         arguments = (*state[:2], args[2])
         optimized(*arguments), step(*arguments)  # both signatures compiled
 
         def run(function):
             return lambda: jax.block_until_ready(function(*arguments))
 
+        programs = [("xla", step), ("found", optimized)]
         times = {"xla": [], "found": []}
-        for _ in range(10):  # paired, rotating rounds: the machine is noisy
-            for name, function in (("xla", step), ("found", optimized)):
+        for round_index in range(10):  # paired rounds, the order rotating: the machine is noisy
+            for name, function in programs[round_index % 2 :] + programs[: round_index % 2]:
                 times[name].append(median_seconds(run(function), 5))
     measured = {name: float(np.median(values)) for name, values in times.items()}
     print(f"   {'':<20}{'simulated ms':>14}{'measured ms':>14}")
     for name, label in (("xla", "jax.pmap (XLA)"), ("found", "disco_xla.jit")):
         simulated_ms = comparison.results[name].iteration_s * 1e3
         print(f"   {label:<20}{simulated_ms:>14.3f}{measured[name] * 1e3:>14.3f}")
-    print(
-        f"   measured speedup {measured['xla'] / measured['found']:.2f}x; the roofline cost\n"
-        "   model is not calibrated to this CPU's kernels (issue 4), so simulated and\n"
-        "   measured times are not expected to agree."
-    )
+    if status.startswith("optimized"):
+        print(
+            f"   measured speed-up {measured['xla'] / measured['found']:.2f}x (median of 10 paired"
+            " rounds); the roofline\n   cost model is not calibrated to this CPU's kernels"
+            " (issue 4), so simulated and\n   measured times are not expected to agree."
+        )
+    else:
+        print(
+            "   disco_xla.jit kept XLA's own program, so both rows ran the same program: no\n"
+            "   speed-up is claimed, and their difference is the machine's noise."
+        )
     report_path = os.path.join(OUTPUT_DIR, "report.html")
     write_report(report_path, module, profile, comparison.results, plan)
     print(f"\n5. report written to {report_path}")
     # The step runs either our program or, where it measured faster, XLA's own.
-    status = optimized.status()[-1]
-    return 0 if check.equal and status.startswith(("optimized", "original: faster")) else 1
+    return 0 if written.equal and status.startswith(("optimized", "original: faster")) else 1
 
 
 if __name__ == "__main__":

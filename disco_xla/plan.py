@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from disco_xla.errors import DiscoInputError
@@ -318,3 +320,25 @@ def buckets_follow_dependencies(
         for name, earlier in dependencies.items()
         for before in earlier
     )
+
+
+def needs_boundary(
+    members: Sequence[Instruction], left_to_xla: AbstractSet[frozenset[str]]
+) -> bool:
+    """Whether a fusion group of `members` gets a kernel boundary when the plan
+    is realised (`hlo_passes.fusion_boundaries`): XLA does not form it by itself
+    (it is not in `left_to_xla`, XLA's own groups as sets of names), and it holds
+    no library op (convolution, dot), which stays in the caller."""
+    return frozenset(m.name for m in members) not in left_to_xla and not any(
+        m.opcode in EXPENSIVE_OPCODES for m in members
+    )
+
+
+def departing_groups(
+    module: HloModule, plan: Plan, left_to_xla: Iterable[tuple[str, ...]] | None
+) -> list[tuple[str, ...]]:
+    """The plan's groups that get a kernel boundary (`needs_boundary`); with
+    `left_to_xla` None, every group without a library op."""
+    by_name = {i.name: i for i in module.instructions()}
+    own = {frozenset(g) for g in left_to_xla} if left_to_xla is not None else set()
+    return [g for g in plan.fusion_groups if needs_boundary([by_name[n] for n in g], own)]

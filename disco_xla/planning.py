@@ -95,11 +95,149 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     return PlanChoice(plan, False, time.perf_counter() - started)
 
 
-def rewrite(module: HloModule, plan: Plan, fusion: bool = True, check: bool = True) -> HloModule:
+def xla_own_groups(module: HloModule) -> tuple[tuple[str, ...], ...] | None:
+    """The fusion groups XLA forms by itself on `module` (its compiled kernels
+    mapped back onto it; combiner off, as every baseline), or None when the
+    module does not compile here."""
+    from disco_xla.runtime.apply import NO_COMBINER
+    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.search.xla_fusion import xla_fusion_plan
+
+    try:
+        compiled = compile_module(module, NO_COMBINER)
+    except Exception:  # noqa: BLE001 - then every departing group is outlined
+        return None
+    return xla_fusion_plan(module, compiled).fusion_groups
+
+
+def rewrite(
+    module: HloModule,
+    plan: Plan,
+    fusion: bool = True,
+    check: bool = True,
+    source: str | None = None,
+) -> HloModule:
     """The module rewritten to run `plan` (only its buckets with `fusion=False`),
     verified to compile to its buckets unless `check=False` (then the caller
-    compiles it and calls `runtime.apply.check_all_reduces`)."""
+    compiles it and calls `runtime.apply.check_all_reduces`). Only the groups
+    that depart from XLA's own fusion get a boundary."""
     from disco_xla.runtime.apply import apply_plan
 
-    source = f"<plan for {module.name}>"
-    return apply_plan(module, plan, plan_source=source, fusion=fusion, check=check)
+    source = source or f"<plan for {module.name}>"
+    left_to_xla = xla_own_groups(module) if fusion else None
+    return apply_plan(
+        module, plan, plan_source=source, fusion=fusion, check=check, left_to_xla=left_to_xla
+    )
+
+
+# A module that needs more devices than this is not run here to check it.
+MAX_CHECK_DEVICES = 16
+WRITTEN_KINDS = ("plan", "buckets", "original")
+
+
+@dataclass(frozen=True)
+class CheckedRewrite:
+    """What a safe rewrite wrote, and the measurements that chose it."""
+
+    module: HloModule  # the program to write
+    written: str  # 'plan', 'buckets' (the plan's buckets alone) or 'original'
+    why: str  # one line: why this one
+    original_s: float | None  # median step times, paired (None when not measured)
+    written_s: float | None
+    equal: bool | None  # the written program's outputs against the original's
+    candidates: dict  # label -> {'seconds', 'equal', 'max_rel_diff'}, or {'error'}
+
+    def measured(self) -> dict | None:
+        """The `measured` object of the CLI's JSON (None when not checked)."""
+        if self.original_s is None:
+            return None
+        return {
+            "original_s": self.original_s,
+            "written_s": self.written_s,
+            "equal": self.equal,
+            "written": self.written,
+            "candidates": self.candidates,
+        }
+
+
+def checked_rewrite(
+    module: HloModule,
+    plan: Plan,
+    source: str,
+    buckets_only: bool = False,
+    check: bool = True,
+    rounds: int = 5,
+) -> CheckedRewrite:
+    """The best program for `plan` that is never slower than `module` nor
+    computes differently: the plan (fusion boundaries and buckets), else its
+    buckets alone, else `module` unchanged. Each candidate is run against the
+    original on the same random inputs on this machine's CPU devices, timed in
+    paired rotating rounds; the fastest one that is equal and faster than the
+    original is written (timed against XLA's own program of `module`, all-reduce
+    combiner on). `check=False` writes the plan (or its buckets) unmeasured,
+    for a module meant for another machine. Raises DiscoInputError when the
+    module cannot be checked here, or the plan does not fit it."""
+    from disco_xla.errors import DiscoInputError
+    from disco_xla.runtime.apply import RewriteError, time_candidates
+    from disco_xla.runtime.xla_runner import devices_needed
+
+    kinds = ("buckets",) if buckets_only else ("plan", "buckets")
+    if not check:
+        kind = kinds[0]
+        try:
+            written = rewrite(module, plan, fusion=kind == "plan", source=source)
+        except RewriteError as error:
+            raise DiscoInputError(source, str(error)) from None
+        return CheckedRewrite(written, kind, "not checked (--no-check)", None, None, None, {})
+    devices = devices_needed(module)
+    if devices > MAX_CHECK_DEVICES:
+        raise DiscoInputError(
+            module.source,
+            f"the module runs on {devices} devices; this machine checks rewrites on at most "
+            f"{MAX_CHECK_DEVICES} (pass --no-check to write the plan unchecked)",
+        )
+    candidates: dict[str, HloModule] = {}
+    report: dict[str, dict] = {}
+    for kind in kinds:
+        try:
+            candidate = rewrite(module, plan, fusion=kind == "plan", source=source)
+        except RewriteError as error:
+            report[kind] = {"error": str(error)}
+            continue
+        if any(c.fingerprint == candidate.fingerprint for c in candidates.values()):
+            continue  # no fusion departure: the plan is its buckets
+        candidates[kind] = candidate
+    # Against XLA's own program (combiner on): what the user would run otherwise.
+    original_s, results = time_candidates(module, candidates, devices, rounds, 0, ())
+    for kind, result in results.items():
+        report[kind] = {
+            "seconds": result.seconds,
+            "equal": result.outputs.equal,
+            "max_rel_diff": result.outputs.max_rel_diff,
+        }
+    passing = [
+        kind
+        for kind in results
+        if results[kind].outputs.equal and results[kind].seconds < original_s
+    ]
+    if passing:
+        best = min(passing, key=lambda kind: results[kind].seconds)
+        why = f"{original_s / results[best].seconds:.2f}x the original's speed, outputs equal"
+        if best != kinds[0]:
+            why += f"; the {kinds[0]} was {_refusal(report[kinds[0]], original_s)}"
+        return CheckedRewrite(
+            candidates[best], best, why, original_s, results[best].seconds, True, report
+        )
+    refusals = "; ".join(f"the {kind} {_refusal(report[kind], original_s)}" for kind in report)
+    return CheckedRewrite(module, "original", refusals, original_s, original_s, True, report)
+
+
+def _refusal(entry: dict, original_s: float) -> str:
+    """Why a measured candidate was not written, in a few words."""
+    if "error" in entry:
+        return f"failed ({entry['error']})"
+    if not entry["equal"]:
+        return f"computed differently (max relative difference {entry['max_rel_diff']:.2g})"
+    if entry["seconds"] >= original_s:
+        return f"slower ({original_s / entry['seconds']:.2f}x the original's speed)"
+    return "slower than the program written"

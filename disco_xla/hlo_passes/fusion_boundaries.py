@@ -1,10 +1,28 @@
 """Pass: enforce the plan's op-fusion groups as kernel boundaries.
 
-Each group (of one instruction or several) is outlined into its own computation,
-called through a `call` marked `inlineable="false"`: XLA keeps the call, so it
-cannot fuse across the group's edge, and it still fuses freely inside (design
-notes §2). The group's values used outside come back through a tuple; their users
-read them through get-tuple-element.
+A group is outlined into its own computation, called through a `call` marked
+`inlineable="false"`: XLA keeps the call, so it cannot fuse across the group's
+edge, and it still fuses freely inside (design notes §2). The group's values used
+outside come back through a tuple; their users read them through
+get-tuple-element.
+
+Only the groups that need it are outlined (`plan.departing_groups`):
+- a group that XLA forms by itself (one of its own kernels, mapped back onto the
+  module by `search.xla_fusion`) is left to XLA: nothing marks it;
+- a group that holds a library op (convolution, dot) is never outlined. The
+  boundary is enforced from the other side: the groups around it that depart
+  from XLA's are outlined.
+Why (measured by benchmarks/fusion_boundary_cost.py, pmap over 4 CPU devices):
+a convolution inside a non-inlineable call keeps the call's plain layouts, so
+layout assignment cannot put its transposes around it (ResNet50 tiny: 48
+transposes in XLA's program, 0 with its convolutions outlined; Keras MobileNetV2:
+156 and 0), and the convolutions then ran 23-26x longer in the profiler's trace
+(ResNet50 0.61 -> 15.9 ms a step, MobileNetV2 287 -> 6,675 ms). Outlining only the
+groups that hold a library op cost as much as outlining all of them (0.50x and
+0.20x of XLA's speed); outlining every other group cost 5% (0.95x), but still
+moved the conv nets' outputs by 5e-4 to 2e-3 relative. So XLA's own plan rewrites
+to the unchanged program (bit-equal), and a plan pays only for its departures,
+which the caller must still check against the original's outputs.
 
 Constant expressions (values computed from constants alone: TF's element count
 of a mean, the zero a reduce starts from) never cross a group's edge: an input
@@ -18,18 +36,17 @@ a relative difference of 20). A group of constant expressions alone stays as it 
 
 Cost: outlining a group touches only its members, their operands, and the readers
 of its outputs and members (found through the graph view, and through an index of
-the calls added so far), so the pass is linear in the module's size plus its
-edges (a scan of the whole computation per group made it quadratic: 36 s on
-ResNet50's 1,558 groups).
+the calls added so far), so the pass is linear in the module's size plus its edges.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 from disco_xla.hlo_passes import edit
 from disco_xla.hlo_passes.graph import ELEMENTWISE_OPCODES, Computation, HloModule, Instruction
-from disco_xla.plan import Plan
+from disco_xla.plan import Plan, departing_groups
 
 NAME = "fusion-boundaries"
 GROUP_MARK = "disco_xla.kernel"
@@ -50,24 +67,34 @@ _PURE_OPCODES = ELEMENTWISE_OPCODES | {
 }
 
 
-def outline_fusion_groups(module: HloModule, plan: Plan) -> bool:
-    """Run the pass for a plan that `verify_plan` accepted. Returns whether the
+def outline_fusion_groups(
+    module: HloModule, plan: Plan, left_to_xla: Iterable[tuple[str, ...]] | None = None
+) -> bool:
+    """Run the pass for a plan that `verify_plan` accepted: outline its
+    `departing_groups`. `left_to_xla` holds the groups XLA forms by itself
+    (`search.xla_fusion.xla_fusion_plan(...).fusion_groups`). Returns whether the
     module changed."""
     by_name = {i.name: i for i in module.instructions()}
     outliner = _Outliner(module)
-    for index, group in enumerate(plan.fusion_groups):
+    for index, group in enumerate(departing_groups(module, plan, left_to_xla)):
         outliner.outline(index, [by_name[name] for name in group])
     if not outliner.outlined:
         return False
-    # Removed at the end: until then the members' protos stay the live ones that
-    # later groups copy and rewire (protobuf copies messages when a list is rebuilt).
+    remove_outlined(module, outliner.outlined)
+    return True
+
+
+def remove_outlined(module: HloModule, outlined: set[int]) -> None:
+    """Remove the outlined members (by id) from their computations, and rebuild
+    the graph view. Done at the end: until then the members' protos stay the live
+    ones that later groups copy and rewire (protobuf copies messages when a list
+    is rebuilt)."""
     for computation in module.computations:
-        kept = [p for p in computation.proto.instructions if p.id not in outliner.outlined]
+        kept = [p for p in computation.proto.instructions if p.id not in outlined]
         if len(kept) != len(computation.proto.instructions):
             del computation.proto.instructions[:]
             computation.proto.instructions.extend(kept)
     module.rebuild()
-    return True
 
 
 class _Outliner:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +34,9 @@ NO_COMBINER = ("cpu-all-reduce-combiner",)
 # plus 1e-6 of the step's typical output scale: outputs that are zero in exact
 # arithmetic (an attention key bias's gradient) hold only rounding noise.
 RELATIVE_TOLERANCE = 1e-6
+# Timing: each program runs for about ROUND_S per round (at most this many steps).
+ROUND_S = 0.02
+MAX_STEPS_PER_ROUND = 50
 
 
 class RewriteError(RuntimeError):
@@ -46,17 +49,22 @@ def apply_plan(
     plan_source: str = "<plan>",
     fusion: bool = True,
     check: bool = True,
+    left_to_xla: Collection[tuple[str, ...]] | None = None,
 ) -> HloModule:
     """A rewritten copy of `module` that runs `plan`; raises RewriteError if the
     result does not compile to the plan's all-reduces (`check=False` leaves that
     to the caller, who compiles it anyway: `check_all_reduces`). With
     `fusion=False` only the buckets are applied and XLA fuses as it would (its
     results are then bit-equal to the original's, where enforced fusion groups
-    may change the order of floating-point reductions)."""
+    may change the order of floating-point reductions).
+
+    `left_to_xla` holds the groups XLA forms by itself (`planning.xla_own_groups`):
+    only the plan's other groups get a boundary (`fusion_boundaries`). None
+    outlines every group, as the boundary-cost benchmark measures."""
     verify_plan(plan, module, source=plan_source)
     rewritten = HloModule.from_bytes(module.to_bytes(), f"{module.source} + {plan_source}")
     if fusion:
-        outline_fusion_groups(rewritten, plan)
+        outline_fusion_groups(rewritten, plan, left_to_xla)
     bucket_all_reduces(rewritten, plan)
     if check:
         try:
@@ -155,33 +163,74 @@ def verify_rewrite(
     original: HloModule, rewritten: HloModule, devices: int, rounds: int = 5, seed: int = 0
 ) -> Comparison:
     """Run both modules on the same random inputs on `devices` CPU devices."""
-    first = program_for(original, devices, NO_COMBINER)
-    second = program_for(rewritten, devices, NO_COMBINER)
-    if [str(s) for s in first.parameters] != [str(s) for s in second.parameters]:
-        raise RewriteError("the two modules take different parameters")
-    arguments = random_arguments(first.parameters, seed)
-    inputs = [_inputs(first, arguments), _inputs(second, arguments)]
-    outputs_first, outputs_second = first.run(inputs[0]), second.run(inputs[1])
-    outputs = compare_outputs(
-        [a for per_device in outputs_first for a in per_device],
-        [b for per_device in outputs_second for b in per_device],
-    )
-    # Step times on arguments already on the devices, without host copies.
-    step_first, step_second = first.device_runner(inputs[0]), second.device_runner(inputs[1])
-    step_first(), step_second()
-    times_first, times_second = [], []
-    for round_index in range(rounds):  # paired and alternating: the machine is noisy
-        order = [(step_first, times_first), (step_second, times_second)]
-        for run, times in order if round_index % 2 == 0 else reversed(order):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
+    original_s, results = time_candidates(original, {"rewritten": rewritten}, devices, rounds, seed)
+    result = results["rewritten"]
     return Comparison(
-        **outputs.__dict__,
-        original_s=float(np.median(times_first)),
-        rewritten_s=float(np.median(times_second)),
+        **result.outputs.__dict__,
+        original_s=original_s,
+        rewritten_s=result.seconds,
         rounds=rounds,
     )
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    seconds: float  # median step time
+    outputs: OutputComparison  # against the original's
+
+
+def time_candidates(
+    original: HloModule,
+    candidates: dict[str, HloModule],
+    devices: int,
+    rounds: int = 5,
+    seed: int = 0,
+    original_disabled_passes: Sequence[str] = NO_COMBINER,
+) -> tuple[float, dict[str, CandidateResult]]:
+    """Run the original and each candidate (a rewrite of it) on the same random
+    inputs on `devices` CPU devices; compare each candidate's outputs with the
+    original's, and time all of them in paired rounds whose order rotates (the
+    machine is noisy). Candidates compile with XLA's all-reduce combiner off (it
+    would merge their buckets again); the original with `original_disabled_passes`
+    off (`()`: XLA's own program). Returns the original's median step time and
+    each candidate's result."""
+    programs = {"": program_for(original, devices, original_disabled_passes)}
+    for label, module in candidates.items():
+        programs[label] = program_for(module, devices, NO_COMBINER)
+    parameters = [str(s) for s in programs[""].parameters]
+    for label, program in programs.items():
+        if [str(s) for s in program.parameters] != parameters:
+            raise RewriteError(f"the {label} module takes different parameters")
+    arguments = random_arguments(programs[""].parameters, seed)
+    inputs = {label: _inputs(program, arguments) for label, program in programs.items()}
+    outputs = {
+        label: [a for per_device in program.run(inputs[label]) for a in per_device]
+        for label, program in programs.items()
+    }
+    # Step times on arguments already on the devices, without host copies.
+    runners = {label: program.device_runner(inputs[label]) for label, program in programs.items()}
+    for run in runners.values():
+        run()
+    start = time.perf_counter()
+    runners[""]()
+    # A round times each program over several steps when one step is short.
+    steps = max(1, min(MAX_STEPS_PER_ROUND, int(ROUND_S / (time.perf_counter() - start))))
+    labels = list(runners)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for round_index in range(rounds):
+        shift = round_index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            start = time.perf_counter()
+            for _ in range(steps):
+                runners[label]()
+            times[label].append((time.perf_counter() - start) / steps)
+    results = {
+        label: CandidateResult(
+            float(np.median(times[label])), compare_outputs(outputs[""], outputs[label])
+        )
+        for label in candidates
+    }
+    return float(np.median(times[""])), results
 
 
 def _inputs(program, arguments):

@@ -30,19 +30,23 @@ def optimize(
     (`runtime.xla_runner.compile_module(module, ["cpu-all-reduce-combiner"])`).
     When given, the search also starts from every baseline (XLA's fusion mapped
     onto `module`, with each baseline's buckets), so the plan is never slower than
-    any of them; without it, from no fusion and a greedy XLA-like fusion."""
+    any of them, and its fusion only splits XLA's groups (what the rewrite can
+    realise); without it, from no fusion and a greedy XLA-like fusion."""
     from disco_xla.search.backtracking import greedy_fusion_plan, search
-    from disco_xla.simulator.cost_models import make_cost_model
+    from disco_xla.simulator.cost_models import boundary_charged, make_cost_model
     from disco_xla.simulator.profiles import load_profile
 
     profile = load_profile(cluster)
     model = make_cost_model(cost_model, profile, table)
     starts = [Plan.unfused(module), greedy_fusion_plan(module)]
+    within_groups = None
     if compiled is not None:
         from disco_xla.search.baselines import captured_baselines
 
         baselines = captured_baselines(module, compiled, profile, model)
         starts += [b.plan for b in baselines.values()]
+        within_groups = baselines["xla-nocombine"].plan.fusion_groups
+        model = boundary_charged(model, profile, within_groups)
     return search(
         module,
         profile,
@@ -52,4 +56,5 @@ def optimize(
         budget_s=budget_s,
         max_evaluations=max_evaluations,
         seed=seed,
+        within_groups=within_groups,
     ).plan

@@ -10,7 +10,9 @@ moves, so a limited budget climbs several moves deep. The search starts from the
 its start plans (the baselines), so the result is never worse than any of them,
 and stops when its budget of evaluations or seconds is spent. Moves:
 
-- fuse a kernel with one that reads its result directly (merge two groups);
+- fuse a kernel with one that reads its result directly (merge two groups); when
+  XLA's own fusion is known, only inside one of XLA's groups (`within_groups`):
+  the rewrite can add kernel boundaries to XLA's fusion but not take them away;
 - split a group into its earlier and later half (undo a fusion);
 - merge two neighbouring buckets, split a bucket in the middle, or move one
   gradient across the boundary between neighbouring buckets.
@@ -144,11 +146,26 @@ def _critical(state: PlanState, names: set[str]) -> tuple[set[int], set[int]]:
     return kernels, buckets
 
 
+def _group_numbers(groups: tuple[tuple[str, ...], ...]) -> dict[str, int]:
+    """Each grouped name's group number."""
+    return {name: number for number, group in enumerate(groups) for name in group}
+
+
+def _refines(plan: Plan, group_of_name: dict[str, int]) -> bool:
+    """Whether each of the plan's groups lies inside one of the numbered groups."""
+    return all(len({group_of_name.get(n, -1) for n in group}) == 1 for group in plan.fusion_groups)
+
+
 def _neighbours(
-    state: PlanState, rng: random.Random, kinds: str = "all", critical: set[str] | None = None
+    state: PlanState,
+    rng: random.Random,
+    kinds: str = "all",
+    critical: set[str] | None = None,
+    group_of_name: dict[str, int] | None = None,
 ) -> Iterator[Move]:
     """The popped plan's moves, critical path first (see the module docstring);
-    `critical` names the critical path's tasks (by default, this plan's)."""
+    `critical` names the critical path's tasks (by default, this plan's). With
+    `group_of_name`, kernels are fused only inside one of its groups."""
     names = critical_names(state) if critical is None else critical
     critical_kernels, critical_buckets = _critical(state, names)
     producers: set[int] = set()
@@ -161,6 +178,11 @@ def _neighbours(
     tiers: list[list[Move]] = [[], [], []]
     if kinds != "bucketing":
         index = state.index
+        if group_of_name is not None:
+            within = [
+                group_of_name.get(index.atoms[atoms[0]][0].name, -1 - kernel)
+                for kernel, atoms in enumerate(state.atoms)
+            ]
         for kernel in range(len(state.order)):
             readers = set()
             for atom in state.atoms[kernel]:
@@ -169,6 +191,8 @@ def _neighbours(
                     if reader is not None and reader != kernel:
                         readers.add(reader)
             for reader in sorted(readers):
+                if group_of_name is not None and within[kernel] != within[reader]:
+                    continue
                 touched = (kernel, reader)
                 tier = (
                     0
@@ -243,12 +267,20 @@ def search(
     on_evaluation: Callable[[int, float], None] = lambda evaluations, best_s: None,
     moves: str = "all",
     costs: GroupCosts | None = None,
+    within_groups: tuple[tuple[str, ...], ...] | None = None,
 ) -> SearchResult:
     """Best-first backtracking from the best of `start_plans` (so the result is
     never worse than any of them). `moves` limits the search to 'fusion' or
     'bucketing' moves, for the ablations. The start plans' simulations count as
     evaluations. `costs` caches kernel times across searches of one module and
-    cost model."""
+    cost model.
+
+    `within_groups` (XLA's own fusion groups) keeps every plan a refinement of
+    them: a fuse move may only join kernels inside one of XLA's groups, and start
+    plans that are not refinements are skipped. The rewrite can only add
+    boundaries (`hlo_passes.fusion_boundaries`); a group that joins two of XLA's
+    kernels is not one kernel when the program runs, so the search may not
+    promise it."""
     if budget_s <= 0 or max_evaluations <= 0:
         raise DiscoInputError("search", "the budget must be positive")
     if moves not in MOVE_KINDS:
@@ -270,6 +302,7 @@ def search(
             on_evaluation,
             moves,
             costs or GroupCosts(module, cost_model, profile.kernel_time_scale),
+            None if within_groups is None else _group_numbers(within_groups),
         )
     finally:
         if collecting:
@@ -288,6 +321,7 @@ def _search(
     on_evaluation,
     moves,
     costs,
+    group_of_name,
 ) -> SearchResult:
     rng = random.Random(seed)
     started = time.perf_counter()
@@ -304,6 +338,8 @@ def _search(
         try:
             verify_plan(plan, module)
         except DiscoInputError:
+            continue
+        if group_of_name is not None and not _refines(plan, group_of_name):
             continue
         loaded = states.get(plan.fusion_groups)
         if loaded is None:  # start plans that share a fusion share one loaded state
@@ -341,7 +377,7 @@ def _search(
         groups_key = sum(_mix(h) for h in group_hashes) & _MASK
         state.buckets_hash = hash(state.buckets)
         expanded, improved_here = 0, False
-        for move in _neighbours(state, rng, moves, critical):
+        for move in _neighbours(state, rng, moves, critical, group_of_name):
             if out_of_budget():
                 break
             key = _child_key(state, groups_key, move, group_hashes)

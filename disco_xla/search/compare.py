@@ -24,7 +24,7 @@ from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
-from disco_xla.simulator.cost_models import CostModel
+from disco_xla.simulator.cost_models import CostModel, boundary_charged
 from disco_xla.simulator.events import SimulationResult, simulate
 from disco_xla.simulator.incremental import GroupCosts
 from disco_xla.simulator.kernels import build_task_graph
@@ -61,6 +61,10 @@ def compare_plans(
     the whole budget), and simulate what they found. `on_search(label)` gives the
     progress callback of each search."""
     baselines = captured_baselines(module, compiled_separate, profile, cost_model)
+    # XLA's own groups: what the rewrite leaves to XLA. Plans only split them, and
+    # pay the profile's boundary cost for each group that departs.
+    own_groups = baselines["xla-nocombine"].plan.fusion_groups
+    cost_model = boundary_charged(cost_model, profile, own_groups)
 
     def run(graph, ideal=None) -> SimulationResult:
         return simulate(graph, profile, cost_model, ideal_compute_s=ideal)
@@ -99,6 +103,7 @@ def compare_plans(
             on_evaluation=on_search(label) if on_search else lambda evaluations, best_s: None,
             moves=moves,
             costs=costs,
+            within_groups=own_groups,
         )
         results[label] = run(build_task_graph(module, searches[label].plan), xla_compute_s)
     return Comparison(baselines, {name: results[name] for name in ROWS}, searches)

@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.plan import needs_boundary
 from disco_xla.simulator.kernels import Kernel, TaskGraph
 from disco_xla.simulator.profiles import ClusterProfile
 
@@ -124,6 +125,36 @@ class TableCostModel:
             return measured
         self.misses += 1
         return self.fallback.kernel_s(kernel)
+
+
+class BoundaryChargedCostModel:
+    """Another cost model's kernel times, plus `boundary_s` for each kernel whose
+    group the rewrite must enforce with a boundary (`plan.needs_boundary`: not
+    one of XLA's own groups, no library op). XLA's own fusion costs what it did."""
+
+    def __init__(self, inner: CostModel, left_to_xla, boundary_s: float):
+        self.inner = inner
+        self.name = inner.name
+        self.left_to_xla = {frozenset(group) for group in left_to_xla}
+        self.boundary_s = boundary_s
+
+    def _charge_s(self, kernel: Kernel) -> float:
+        return self.boundary_s if needs_boundary(kernel.instructions, self.left_to_xla) else 0.0
+
+    def kernel_s(self, kernel: Kernel) -> float:
+        return self.inner.kernel_s(kernel) + self._charge_s(kernel)
+
+    def kernels_s(self, graph: TaskGraph) -> list[float]:
+        seconds = self.inner.kernels_s(graph)
+        return [s + self._charge_s(k) for s, k in zip(seconds, graph.kernels, strict=True)]
+
+
+def boundary_charged(cost_model: CostModel, profile: ClusterProfile, left_to_xla) -> CostModel:
+    """`cost_model`, charging the profile's `fusion_boundary_s` to each kernel
+    that departs from XLA's groups `left_to_xla` (unchanged where it is 0)."""
+    if profile.fusion_boundary_s <= 0:
+        return cost_model
+    return BoundaryChargedCostModel(cost_model, left_to_xla, profile.fusion_boundary_s)
 
 
 COST_MODELS = ("roofline", "table", "gnn")

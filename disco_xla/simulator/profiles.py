@@ -91,6 +91,14 @@ class ClusterProfile:
     # (`benchmarks/all_reduce_in_step.py`). `disco-xla calibrate` measures it
     # (`calibrate.StepCosts`); 0 where not measured.
     worker_lag: float = 0.0
+    # What one kernel boundary the rewrite adds to XLA's fusion costs beyond the
+    # extra kernel the cost model already charges (a non-inlineable call:
+    # dispatch, and the simplification and layout choices XLA loses at its edge).
+    # Charged to each fusion group that departs from XLA's own
+    # (`plan.needs_boundary`), as kernel time (kernel_time_scale applies).
+    # `disco-xla calibrate` measures it (`profiling.boundary_cost`); 0 where not
+    # measured.
+    fusion_boundary_s: float = 0.0
     efficiency: dict[str, float] = field(default_factory=dict)
     # (bytes, seconds) all-reduce times measured by `disco-xla calibrate` over this
     # profile's workers, by size. Where present, the communication model reads
@@ -120,6 +128,7 @@ _OPTIONAL = {
     "step_buffer_s": object,  # a number >= 0, checked below
     "kernel_time_scale": object,  # a number > 0, checked below
     "worker_lag": object,  # a number >= 0, checked below
+    "fusion_boundary_s": object,  # a number >= 0, checked below
     "efficiency": dict,
     "description": str,
     "calibration": dict,
@@ -204,6 +213,7 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
             data, "kernel_time_scale", 1.0, source, allow_zero=False
         ),
         worker_lag=_optional_number(data, "worker_lag", 0.0, source),
+        fusion_boundary_s=_optional_number(data, "fusion_boundary_s", 0.0, source),
         all_reduce_points=_calibration_points(data.get("calibration", {}), source),
         efficiency=_number_map(data, "efficiency", "efficiency", source)
         if "efficiency" in data

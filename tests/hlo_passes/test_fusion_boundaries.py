@@ -9,7 +9,7 @@ import pytest
 
 from disco_xla.hlo_passes.fusion_boundaries import outline_fusion_groups
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.plan import Plan, compute_instructions, verify_plan
+from disco_xla.plan import Plan, compute_instructions, departing_groups, verify_plan
 from disco_xla.runtime.apply import verify_rewrite
 from disco_xla.runtime.xla_runner import compile_module
 
@@ -63,18 +63,19 @@ def test_every_group_becomes_one_non_inlineable_call(step):
     by_name = {i.name: i for i in step.instructions()}
     from_parameters = [g for g in plan.fusion_groups if _reads_a_parameter(by_name[g[-1]])]
     assert 0 < len(from_parameters) < len(plan.fusion_groups)
-    assert len(calls) == len(from_parameters)
+    library = [g for g in from_parameters if by_name[g[0]].opcode == "dot"]
+    assert library and len(calls) == len(from_parameters) - len(library)
     assert all(c.proto.frontend_attributes.map["inlineable"] == "false" for c in calls)
     pair_calls = [c for c in calls if len(c.called_computations[0].instructions) > 3]
     assert pair_calls  # a pair: two parameters at most, two members, the tuple
     # No compute instruction is left outside the outlined kernels but constant
-    # expressions.
+    # expressions and library ops (dots stay in the caller).
     outside = [
-        i
+        i.opcode
         for i in compute_instructions(rewritten)
         if not i.computation.name.startswith("disco_xla.kernel") and _reads_a_parameter(i)
     ]
-    assert outside == []
+    assert outside and set(outside) == {"dot"}
 
 
 def test_xla_keeps_the_boundaries_and_the_results(step):
@@ -141,3 +142,32 @@ def test_constant_expressions_never_cross_a_group_edge():
     assert len(names) == len(set(names))
     comparison = verify_rewrite(module, rewritten, devices=1, rounds=1)
     assert comparison.bit_equal
+
+
+def test_groups_xla_forms_itself_and_library_ops_are_left_to_xla(step):
+    """XLA's own fusion rewrites to the unchanged program; a plan that splits one
+    of XLA's groups outlines only the groups that depart, never a dot."""
+    from disco_xla.planning import xla_own_groups
+    from disco_xla.search.xla_fusion import xla_fusion_plan
+
+    own = xla_own_groups(step)
+    assert own is not None
+    plan = xla_fusion_plan(step, compile_module(step, ["cpu-all-reduce-combiner"]))
+    assert plan.fusion_groups == own
+    unchanged = HloModule.from_bytes(step.to_bytes(), "unchanged")
+    assert not outline_fusion_groups(unchanged, plan, left_to_xla=own)
+    assert unchanged.fingerprint == step.fingerprint
+    # Split the largest group without a dot into its members.
+    by_name = {i.name: i for i in step.instructions()}
+    largest = max((g for g in own if all(by_name[n].opcode != "dot" for n in g)), key=len)
+    assert len(largest) > 1
+    split = tuple(g for g in own if g != largest) + tuple((n,) for n in largest)
+    split_plan = dataclasses.replace(plan, fusion_groups=split)
+    verify_plan(split_plan, step)
+    departing = departing_groups(step, split_plan, own)
+    assert sorted(departing) == sorted((n,) for n in largest)
+    rewritten = HloModule.from_bytes(step.to_bytes(), "split")
+    assert outline_fusion_groups(rewritten, split_plan, left_to_xla=own)
+    calls = [i for i in rewritten.instructions() if i.opcode == "call" and "kernel" in i.name]
+    assert 0 < len(calls) <= len(largest)
+    assert verify_rewrite(step, rewritten, devices=4, rounds=1).equal

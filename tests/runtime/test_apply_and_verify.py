@@ -36,9 +36,18 @@ def test_apply_then_verify(module_files, tf_step_file, tmp_path, source, devices
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(two_bucket_plan(load_module(original)).to_json())
     rewritten = tmp_path / "rewritten.hlo.pb"
-    applied = run_cli("apply", original, str(plan_path), "-o", str(rewritten), timeout_s=300)
+    applied = run_cli(
+        "apply",
+        original,
+        str(plan_path),
+        "-o",
+        str(rewritten),
+        "--buckets-only",
+        "--no-check",
+        timeout_s=300,
+    )
     assert applied.returncode == 0, applied.stderr[-2000:]
-    assert "2 gradient buckets" in applied.stdout
+    assert "the plan's buckets alone; not checked" in applied.stdout
     assert len(load_module(rewritten).gradient_all_reduces) == 2
     verified = run_cli(
         "verify",

@@ -167,3 +167,52 @@ def test_python_api_returns_a_legal_plan_and_matches_the_search(step):
     assert plan == direct.plan
     with pytest.raises(DiscoInputError, match="unknown cost model"):
         disco_xla.optimize(step, cluster="cpu-local", cost_model="no-such-model")
+
+
+def test_plans_only_split_xla_groups_and_pay_for_each_boundary(step):
+    """With XLA's own fusion known, the search's plans are refinements of it (the
+    rewrite can add kernel boundaries, not take XLA's away), and a profile's
+    boundary cost is charged to each departing group, so a high one keeps
+    XLA's groups."""
+    import dataclasses
+
+    from disco_xla.plan import departing_groups
+    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.search import optimize
+    from disco_xla.search.xla_fusion import xla_fusion_plan
+    from disco_xla.simulator.cost_models import boundary_charged
+
+    compiled = compile_module(step, ["cpu-all-reduce-combiner"])
+    own = xla_fusion_plan(step, compiled).fusion_groups
+    group_of = {name: number for number, group in enumerate(own) for name in group}
+    profile = load_profile("cpu-local")
+    roofline = RooflineCostModel(profile)
+    # Unfused starts refine XLA's groups; greedy fusion does not, and is skipped.
+    starts = [Plan.unfused(step), greedy_fusion_plan(step)]
+    found = search(step, profile, roofline, starts, max_evaluations=200, within_groups=own)
+    assert all(len({group_of[n] for n in group}) == 1 for group in found.plan.fusion_groups)
+    free = search(step, profile, roofline, starts, max_evaluations=200)
+    assert any(len({group_of[n] for n in group}) > 1 for group in free.plan.fusion_groups)
+
+    # The charge: exactly fusion_boundary_s for each departing group.
+    costly = dataclasses.replace(profile, fusion_boundary_s=1e-3)
+    charged = boundary_charged(RooflineCostModel(costly), costly, own)
+    unfused = Plan.unfused(step)
+    departing = departing_groups(step, unfused, own)
+    plain = simulate(build_task_graph(step, unfused), costly, roofline)
+    with_charge = simulate(build_task_graph(step, unfused), costly, charged)
+    # A kernel time like any other: the profile's kernel_time_scale applies.
+    expected_s = 1e-3 * len(departing) * costly.kernel_time_scale
+    assert with_charge.compute_s - plain.compute_s == pytest.approx(expected_s)
+    assert boundary_charged(roofline, profile, own) is roofline  # 0: nothing charged
+    kept = search(
+        step,
+        costly,
+        charged,
+        [unfused, xla_fusion_plan(step, compiled)],
+        max_evaluations=200,
+        within_groups=own,
+    )
+    assert departing_groups(step, kept.plan, own) == []
+    plan = optimize(step, "cpu-local", max_evaluations=200, compiled=compiled)
+    assert all(len({group_of[n] for n in group}) == 1 for group in plan.fusion_groups)

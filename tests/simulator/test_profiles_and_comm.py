@@ -160,6 +160,13 @@ def test_calibrate_measures_fits_and_writes_a_loadable_profile(tmp_path, where):
     assert profile.kernel_time_scale == pytest.approx(report["kernel_time_scale"])
     assert report["worker_lag"] >= 0
     assert profile.worker_lag == pytest.approx(report["worker_lag"])
+    # The boundary probe ran both programs, equal, and its residual went in.
+    probe = report["fusion_boundary_probe"]
+    assert probe["boundaries"] > 0 and probe["equal"] is True
+    assert probe["xla_s"] > 0 and probe["split_s"] > 0 and probe["modelled_extra_s"] > 0
+    residual = (probe["split_s"] - probe["xla_s"] - probe["modelled_extra_s"]) / probe["boundaries"]
+    assert report["fusion_boundary_s"] == pytest.approx(max(0.0, residual))
+    assert profile.fusion_boundary_s == pytest.approx(report["fusion_boundary_s"])
     assert min(t for _, t in profile.all_reduce_points) == pytest.approx(
         max(report["all_reduce_in_step_s"], 1e-9)
     )
