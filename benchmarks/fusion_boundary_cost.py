@@ -21,10 +21,12 @@ opcode for the original and `every-group` (which kernels slow down).
     .venv/bin/python benchmarks/fusion_boundary_cost.py [--models resnet50 gpt2_small
         keras:MobileNetV2] [--rounds 7] [--trace] [--json]
 
-Models: the JAX zoo's names (tiny, batch 8), or `keras:NAME` for a
+Models: the JAX zoo's names (tiny, batch 8); `tf:NAME` for a TF zoo step (tiny,
+batch 2, with our inserted all-reduces over 4 replicas); or `keras:NAME` for a
 `keras.applications` model (Keras on JAX, no weights, 96x96 images, 2 per
 device, SGD), e.g. keras:MobileNetV2, keras:Xception, keras:EfficientNetB0,
-keras:DenseNet121.
+keras:DenseNet121. Keras runs on one backend per process, so `tf:` and `keras:`
+models go in separate runs. `--variants` picks some of the variants.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from collections import Counter, defaultdict
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "jax")
 DEVICES = 4
 VARIANTS = ("every-group", "library-groups", "other-groups", "departures")
 # Opcodes whose count in the compiled program is reported.
@@ -82,6 +83,11 @@ def captured(name: str):
     from disco_xla.hlo_passes.graph import HloModule
     from disco_xla.planning import prepared
 
+    if name.startswith("tf:"):
+        from disco_xla.zoo.tf_steps import build_tf_step, capture_tf_step
+
+        step = build_tf_step(name.split(":", 1)[1], "tiny", batch=2)
+        return prepared(capture_tf_step(step, replicas=DEVICES))
     if name.startswith("keras:"):
         fn, args = keras_step(name.split(":", 1)[1])
     else:
@@ -120,7 +126,7 @@ def traced_time_by_opcode(module, runs: int = 3) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def measure(name: str, rounds: int, trace: bool) -> dict:
+def measure(name: str, rounds: int, trace: bool, variants=VARIANTS) -> dict:
     from disco_xla.plan import EXPENSIVE_OPCODES, departing_groups
     from disco_xla.planning import xla_own_groups
     from disco_xla.runtime.apply import apply_plan, verify_rewrite
@@ -140,7 +146,7 @@ def measure(name: str, rounds: int, trace: bool) -> dict:
         "library_groups": sum(map(has_library_op, own.fusion_groups)),
         "xla-nocombine": {"opcodes": opcode_counts(module)},
     }
-    for variant in VARIANTS:
+    for variant in variants:
         if variant == "departures":
             left_to_xla = xla_own_groups(module)
             rewritten = apply_plan(module, own, check=False, left_to_xla=left_to_xla)
@@ -164,7 +170,7 @@ def measure(name: str, rounds: int, trace: bool) -> dict:
             "opcodes": opcode_counts(rewritten),
         }
         print(f"  {name} {variant}: {row[variant]}", file=sys.stderr, flush=True)
-    if trace:
+    if trace and "every-group" in variants:
         row["xla-nocombine"]["traced_s_by_opcode"] = traced_time_by_opcode(module)
         every = _outline_every(module, own, lambda g: True)
         row["every-group"]["traced_s_by_opcode"] = traced_time_by_opcode(every)
@@ -190,13 +196,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet50", "gpt2_small"])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    prefixes = {name.split(":", 1)[0] for name in args.models if ":" in name}
+    if prefixes == {"tf", "keras"}:
+        parser.error("tf: and keras: models need separate runs (one Keras backend a process)")
+    if "keras" in prefixes:
+        os.environ["KERAS_BACKEND"] = "jax"
     import jax
 
     jax.config.update("jax_num_cpu_devices", DEVICES)
-    rows = [measure(name, args.rounds, args.trace) for name in args.models]
+    rows = [measure(name, args.rounds, args.trace, args.variants) for name in args.models]
     if args.json:
         print(json.dumps(rows, indent=1))
         return
@@ -209,7 +221,7 @@ def main() -> None:
             f"{row['model']:22s} {'xla-nocombine':15s} {0:6d} {1:7.3f}  -          "
             f"{base['copy']:6d} {base['transpose']:10d}"
         )
-        for variant in VARIANTS:
+        for variant in (v for v in VARIANTS if v in row):
             cell = row[variant]
             equal = "bit-equal" if cell["bit_equal"] else f"{cell['max_rel_diff']:.1e}"
             print(

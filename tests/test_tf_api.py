@@ -5,6 +5,7 @@ program and match the original, a step that assigns variables trains like plain
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import warnings
 
@@ -13,7 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.jax_api import DiscoFallbackWarning
+from disco_xla.plan import departing_groups
+from disco_xla.planning import xla_own_groups
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.tf_api import tf_function
 from disco_xla.wrapped_step import slower_status
@@ -73,10 +77,16 @@ def test_zoo_step_matches_the_original_and_runs_the_rewritten_program(name, cach
     assert optimized.status() == ["optimized"] and optimized.last_used == "optimized"
     (check,) = optimized.comparisons()
     assert check.equal and check.tolerance_used <= 1.0
-    # What runs now is the rewritten module: its outlined fusion groups are there.
+    # What runs now is the rewritten module: the plan's groups that depart from
+    # XLA's own fusion are outlined there, and only those.
     (plan,) = optimized.plans()
     assert plan.fusion_groups
-    assert "disco_xla.kernel" in optimized.program_hlo(*step.args)
+    module = HloModule.from_bytes(
+        step.fn.experimental_get_compiler_ir(*step.args)(stage="hlo_serialized"), name
+    )
+    departing = departing_groups(module, plan, xla_own_groups(module))
+    outlined = set(re.findall(r"disco_xla\.kernel\.(\d+)\.call", optimized.program_hlo(*step.args)))
+    assert outlined == {str(plan.fusion_groups.index(g)) for g in departing}
     assert "disco_xla.kernel" not in step.fn.experimental_get_compiler_ir(*step.args)(stage="hlo")
 
 

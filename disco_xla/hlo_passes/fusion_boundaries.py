@@ -76,8 +76,10 @@ def outline_fusion_groups(
     module changed."""
     by_name = {i.name: i for i in module.instructions()}
     outliner = _Outliner(module)
-    for index, group in enumerate(departing_groups(module, plan, left_to_xla)):
-        outliner.outline(index, [by_name[name] for name in group])
+    departing = set(departing_groups(module, plan, left_to_xla))
+    for index, group in enumerate(plan.fusion_groups):  # named by the plan's group number
+        if group in departing:
+            outliner.outline(index, [by_name[name] for name in group])
     if not outliner.outlined:
         return False
     remove_outlined(module, outliner.outlined)

@@ -8,7 +8,10 @@ and stays acyclic: no path leaves the producer and reaches the consumer through 
 third node. Each plan passes `verify_plan`, the one verifier of legality.
 
 Measurement (`measure_plan`): every group is outlined into a call XLA may not
-inline (the fusion-boundaries pass), the module is compiled with XLA's all-reduce
+inline (the fusion-boundaries pass), except groups that hold a convolution or a
+dot: inside a call those take another, much slower path (23-26x, see
+`hlo_passes/fusion_boundaries.py`), so their samples come from XLA's own compile
+alone (`measure_xla_compiled`). The module is compiled with XLA's all-reduce
 combiner off, run on as many CPU devices as its partitions or replicas ask for,
 and profiled (`profile_kernel_times`, blocking after each step). A group's time is
 the sum of the median times of the kernels XLA emitted inside its call (divided
