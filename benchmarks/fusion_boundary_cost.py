@@ -163,6 +163,7 @@ def measure(name: str, rounds: int, trace: bool, variants=VARIANTS) -> dict:
         comparison = verify_rewrite(module, rewritten, DEVICES, rounds)
         row[variant] = {
             "calls": calls,
+            "identical_program": rewritten.fingerprint == module.fingerprint,
             "speed_vs_xla_nocombine": comparison.original_s / comparison.rewritten_s,
             "bit_equal": comparison.bit_equal,
             "equal": comparison.equal,
@@ -230,7 +231,7 @@ def main() -> None:
                 f"{cell['opcodes']['copy']:6d} {cell['opcodes']['transpose']:10d}"
             )
         for variant in ("xla-nocombine", "every-group"):
-            traced = row[variant].get("traced_s_by_opcode")
+            traced = row.get(variant, {}).get("traced_s_by_opcode")
             if traced:
                 top = ", ".join(f"{op} {s * 1e3:.2f}" for op, s in list(traced.items())[:6])
                 print(f"{'':22s} traced ms/step ({variant}): {top}")

@@ -132,7 +132,6 @@ def rewrite(
 
 # A module that needs more devices than this is not run here to check it.
 MAX_CHECK_DEVICES = 16
-WRITTEN_KINDS = ("plan", "buckets", "original")
 
 
 @dataclass(frozen=True)

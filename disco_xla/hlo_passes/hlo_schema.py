@@ -27,6 +27,9 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("host_program_shape", 4, "ProgramShapeProto", False),
         ("id", 5, "int64", False),
         ("entry_computation_id", 6, "int64", False),
+        # An HloInputOutputAliasProto (TF's assigned variables), kept serialised:
+        # the runners clear it to run a step repeatedly on the same arguments.
+        ("input_output_alias", 8, "bytes", False),
         ("device_assignment", 15, "DeviceAssignmentProto", False),
     ],
     "HloComputationProto": [
@@ -151,6 +154,7 @@ _SCALAR_TYPES = {
     "int32": descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
     "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
     "float": descriptor_pb2.FieldDescriptorProto.TYPE_FLOAT,
+    "bytes": descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
 }
 
 

@@ -62,9 +62,20 @@ def _cpu_devices(count: int) -> list:
     return available[:count]
 
 
-def _compile(module: HloModule, devices: list, options, disabled_passes: Sequence[str]):
+def _compile(
+    module: HloModule,
+    devices: list,
+    options,
+    disabled_passes: Sequence[str],
+    drop_aliases: bool = False,
+):
     """Compile for `devices` with `options`; `disabled_passes` are off for this
-    compile only (global XLA_FLAGS are left alone)."""
+    compile only (global XLA_FLAGS are left alone). `drop_aliases` compiles it
+    without input/output aliases (TF's assigned variables, JAX's donated
+    arguments): an aliased argument is donated to the step, and the runners run
+    a step many times on the same arguments (a second run read a deleted buffer,
+    and XLA then crashed). Aliases only let XLA reuse memory; the results are the
+    same."""
     options.device_assignment = xla_client.DeviceAssignment.create(
         np.array([device.id for device in devices]).reshape(
             (len(devices), 1) if options.num_replicas > 1 else (1, len(devices))
@@ -74,7 +85,11 @@ def _compile(module: HloModule, devices: list, options, disabled_passes: Sequenc
         options.executable_build_options.debug_options.xla_disable_hlo_passes = ",".join(
             disabled_passes
         )
-    stablehlo = _jax.mlir.hlo_to_stablehlo(module.to_bytes())
+    proto = module.proto
+    if drop_aliases and proto.input_output_alias:
+        proto = type(proto).FromString(module.to_bytes())
+        proto.ClearField("input_output_alias")
+    stablehlo = _jax.mlir.hlo_to_stablehlo(proto.SerializeToString())
     return xla_bridge.get_backend("cpu").compile_and_load(
         stablehlo, xla_client.DeviceList(tuple(devices)), options
     )
@@ -89,7 +104,9 @@ class ReplicatedProgram:
         options = xla_client.CompileOptions()
         options.num_replicas = replicas
         options.num_partitions = 1
-        self._executable = _compile(module, self.devices, options, disabled_passes)
+        self._executable = _compile(
+            module, self.devices, options, disabled_passes, drop_aliases=True
+        )
         self._mesh = Mesh(np.array(self.devices), ("replica",))
 
     def compiled_module(self) -> HloModule:
@@ -189,7 +206,9 @@ class PartitionedProgram:
         build = options.executable_build_options
         build.use_spmd_partitioning = True
         build.use_shardy_partitioner = True
-        self._executable = _compile(module, self.devices, options, disabled_passes)
+        self._executable = _compile(
+            module, self.devices, options, disabled_passes, drop_aliases=True
+        )
         # The layout XLA chose for each argument (a jit of shard_map leaves it to
         # sharding propagation, so the module itself may not say).
         self._specs = [

@@ -94,3 +94,34 @@ def test_verify_refuses_a_device_count_the_module_was_not_made_for(module_files)
     )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert "runs on 4 devices, not 2" in result.stderr
+
+
+def test_verify_runs_a_step_that_assigns_variables_many_times(tmp_path):
+    """A TF step that assigns variables (batch norm's moving statistics) aliases
+    those outputs to its inputs; the runners time it on the same arguments
+    again and again, which once read a donated buffer and crashed."""
+    import keras
+    import tensorflow as tf
+
+    from disco_xla.capture import capture_tf
+    from disco_xla.hlo_passes.insert_gradient_all_reduces import insert_gradient_all_reduces
+
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8), keras.layers.BatchNormalization()]
+    )
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x, training=True) ** 2)
+        return loss, *tape.gradient(loss, model.trainable_variables)
+
+    module = capture_tf(step, tf.ones((4, 6)))
+    assert module.proto.input_output_alias  # the moving statistics
+    names = [v.name for v in model.trainable_variables]
+    insert_gradient_all_reduces(module, list(range(1, 1 + len(names))), 2, names)
+    path = tmp_path / "bn.hlo.pb"
+    save_module(module, path)
+    result = run_cli("verify", str(path), str(path), "--devices", "2", "--rounds", "3", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["bit_equal"] is True
