@@ -42,6 +42,7 @@ def main() -> None:
     from jax._src.lib import _jax, xla_client
 
     from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo_passes.hlo_io import load_module
     from disco_xla.runtime.apply import compare_outputs
     from disco_xla.runtime.jax_program import kept_arguments
     from disco_xla.zoo.jax_steps import build_jax_step
@@ -78,8 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         lowered.compile(compiler_options={"xla_dump_to": directory, "xla_dump_hlo_as_proto": True})
         (dumped,) = glob.glob(os.path.join(directory, "*before_optimizations.hlo.pb"))
-        with open(dumped, "rb") as file:
-            dumped_hlo = file.read()
+        dumped_hlo = load_module(dumped).to_bytes()  # the dump wraps it in an HloProto
     captured = lowered.compiler_ir("hlo").as_serialized_hlo_module_proto()
     paths = {
         "stablehlo": mlir.module_to_bytecode(lowered.compiler_ir("stablehlo")),
