@@ -173,8 +173,10 @@ class OptimizedFunction(WrappedStep):
         verdicts = trial.agreed_all(
             [(label, result if against == "original" else against) for label, against, _ in choices]
         )
-        for (label, _, status), ok in zip(choices, verdicts, strict=True):
+        for (label, against, status), ok in zip(choices, verdicts, strict=True):
             if ok:
+                if against == "reference":
+                    status += _differing_from(result, trial.outputs[label])
                 compiled.status, compiled.run = status, trial.programs[label]
                 return self._unless_slower(compiled, trial, args, kwargs, leaves), result
         compiled.status = "original: " + trial.why()
@@ -318,6 +320,29 @@ def _failures(answers: list[str]) -> list[str]:
         for rank, answer in enumerate(answers)
         if answer != "ok"
     ]
+
+
+def _differing_from(original_result: Any, rewritten_outputs: list) -> str:
+    """Which of this process's outputs differ from JAX's own program, by pytree
+    path: XLA's HLO-to-StableHLO import rounds some values differently (e.g. the
+    softmax's division), which Adam scales up where a gradient is 0 in exact
+    arithmetic (benchmarks/jax_compile_equality.py)."""
+    from disco_xla.runtime.apply import differing_outputs
+
+    paths = [
+        jax.tree_util.keystr(path)
+        for path, _ in jax.tree_util.tree_flatten_with_path(original_result)[0]
+    ]
+    expected = [_local([leaf]) for leaf in jax.tree_util.tree_leaves(original_result)]
+    got = [_local([array]) for array in rewritten_outputs]
+    # One entry per leaf: its shards side by side.
+    found = differing_outputs(
+        [np.stack(shards) for shards in expected], [np.stack(shards) for shards in got]
+    )
+    if not found:
+        return ""
+    names = ", ".join(paths[i] for i in found[:8]) + (", ..." if len(found) > 8 else "")
+    return f"; differs from JAX's own program in {len(found)} outputs: {names}"
 
 
 def _local(arrays) -> list[np.ndarray]:

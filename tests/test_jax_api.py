@@ -67,6 +67,13 @@ def test_every_jax_zoo_model_runs_optimized_and_equal(name, tmp_path):
     assert status.startswith("optimized"), status
     second = optimized(*step.args)  # the rewritten program
     _assert_same(_reference(step.fn, step.args, status), second)
+    if "compiled from HLO" in status:
+        # The outputs that differ from JAX's own program are named, and are those
+        # whose gradient is 0 in exact arithmetic: attention key biases (softmax
+        # ignores a shift shared by every key) and their optimizer state.
+        listed = status.split("differs from JAX's own program in ", 1)[1].split(": ", 1)[1]
+        names = [n for n in listed.split(", ") if n != "..."]
+        assert names and all("attention/key']['b']" in n for n in names), status
 
 
 def _reference(fn, args, status: str):

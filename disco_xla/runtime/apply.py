@@ -113,6 +113,23 @@ class OutputComparison:
     tolerance_used: float  # largest |a - b| / (1e-6 · (max|a| + typical scale)); equal if <= 1
 
 
+def differing_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> list[int]:
+    """The positions of the outputs that `compare_outputs` would not count as
+    equal (each judged against the typical scale of all of `expected`)."""
+    scales = [float(np.max(np.abs(np.asarray(a, np.float64)))) for a in expected if np.size(a)]
+    typical = float(np.median(scales)) if scales else 0.0
+    found = []
+    for index, (a, b) in enumerate(zip(expected, got, strict=True)):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if a.shape != b.shape:
+            found.append(index)
+        elif a.size and not np.array_equal(a, b, equal_nan=True):
+            diff, scale = float(np.max(np.abs(a - b))), float(np.max(np.abs(a)))
+            if diff > RELATIVE_TOLERANCE * (scale + typical):
+                found.append(index)
+    return found
+
+
 def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> OutputComparison:
     """The one equivalence rule: bit-equal, or every output within 1e-6 of its own
     scale plus the typical (median) output scale of `expected`."""
