@@ -207,7 +207,15 @@ def checked_rewrite(
             continue  # no fusion departure: the plan is its buckets
         candidates[kind] = candidate
     # Against XLA's own program (combiner on): what the user would run otherwise.
-    original_s, results = time_candidates(module, candidates, devices, rounds, 0, ())
+    try:
+        original_s, results = time_candidates(module, candidates, devices, rounds, 0, ())
+    except Exception as error:  # noqa: BLE001 - XLA's errors: the module does not run here
+        message = " ".join(str(error).split())[:300]
+        raise DiscoInputError(
+            module.source,
+            f"cannot run the module here to check the rewrite ({type(error).__name__}: "
+            f"{message}); pass --no-check to write the plan unchecked",
+        ) from None
     for kind, result in results.items():
         report[kind] = {
             "seconds": result.seconds,

@@ -146,3 +146,33 @@ def test_bad_rounds_give_one_line_and_exit_2(conv_step_file, tmp_path):
     )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert "--rounds" in result.stderr and conv_step_file in result.stderr
+
+
+# A module that XLA compiles but cannot run on this machine's CPU devices.
+UNRUNNABLE = """
+HloModule unrunnable, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[4]{0} parameter(0)
+  y = f32[4]{0} custom-call(x), custom_call_target="no_such_target_anywhere"
+  ROOT r = f32[4]{0} all-reduce(y), replica_groups={}, to_apply=add
+}
+"""
+
+
+def test_a_module_that_cannot_run_here_gives_one_line_and_exit_2(tmp_path):
+    module_path = tmp_path / "unrunnable.txt"
+    module_path.write_text(UNRUNNABLE)
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(Plan.unfused(load_module(str(module_path))).to_json())
+    output = tmp_path / "x.pb"
+    result = run_cli("apply", str(module_path), str(plan_path), "-o", str(output))
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert str(module_path) in result.stderr and "--no-check" in result.stderr
+    assert not output.exists()
