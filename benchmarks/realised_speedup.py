@@ -16,8 +16,16 @@ It prints each one's measured median step time, its speed against `xla`, whether
 its outputs equal `xla`'s, and the simulated iteration time of the same plan with
 the profile of `--cluster` (`xla-fusion` simulates as `xla-nocombine`).
 
+With `--processes 4` the same programs run on 4 `jax.distributed` processes on
+loopback (gloo), one CPU device each: this process captures the modules (on 4
+devices, as above) and launches 4 ranks (`runtime.launch`). Rank 0 searches the
+plan and shares it; every rank runs every program with the same step counts;
+outputs are equal only if they are on every rank; the times are rank 0's.
+Use `--cluster cpu-local` there (the profile measured over gloo).
+
     .venv/bin/python benchmarks/realised_speedup.py [--models resnet50 gpt2_small ...]
         [--cluster cpu-local-inprocess] [--rounds 10] [--max-evals 300] [--json]
+        [--processes 4]
 """
 
 from __future__ import annotations
@@ -36,11 +44,13 @@ DEVICES = 4
 PROGRAMS = ("xla-nocombine", "xla-fusion", "found", "buckets")
 
 
-def measure(name: str, cluster: str, rounds: int, max_evaluations: int) -> dict:
+def measure(name: str, cluster: str, rounds: int, max_evaluations: int, module=None) -> dict:
+    """One model's row; `module` is its captured step (else captured here)."""
     from fusion_boundary_cost import captured
 
-    from disco_xla.plan import departing_groups
+    from disco_xla.plan import Plan, departing_groups
     from disco_xla.planning import rewrite, xla_own_groups
+    from disco_xla.runtime.agreement import broadcast, gather
     from disco_xla.runtime.apply import NO_COMBINER, time_candidates
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search import optimize
@@ -50,12 +60,19 @@ def measure(name: str, cluster: str, rounds: int, max_evaluations: int) -> dict:
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
-    module = captured(name)
+    module = module if module is not None else captured(name)
     compiled = compile_module(module, NO_COMBINER)
     profile = load_profile(cluster)
     baselines = captured_baselines(module, compiled, profile, RooflineCostModel(profile))
     own = xla_own_groups(module)
-    found = optimize(module, cluster, max_evaluations=max_evaluations, compiled=compiled)
+    found = Plan.from_json(
+        broadcast(
+            f"realised_speedup/{name}/plan",
+            lambda: optimize(
+                module, cluster, max_evaluations=max_evaluations, compiled=compiled
+            ).to_json(),
+        )
+    )
     own_plan = baselines["xla-nocombine"].plan
     candidates = {
         "xla-nocombine": module,
@@ -63,7 +80,17 @@ def measure(name: str, cluster: str, rounds: int, max_evaluations: int) -> dict:
         "found": rewrite(module, found, source="found plan"),
         "buckets": rewrite(module, found, fusion=False, source="found buckets"),
     }
-    xla_s, results = time_candidates(module, candidates, DEVICES, rounds, 0, ())
+    import jax
+
+    xla_s, results = time_candidates(module, candidates, jax.device_count(), rounds, 0, ())
+    # Over several processes each compared its own devices' outputs.
+    verdicts = {
+        label: gather(
+            f"realised_speedup/{name}/{label}/equal",
+            f"{int(r.outputs.equal)}{int(r.outputs.bit_equal)}",
+        )
+        for label, r in results.items()
+    }
     model = boundary_charged(RooflineCostModel(profile), profile, own)
 
     def simulated_s(plan_graph) -> float:
@@ -77,6 +104,7 @@ def measure(name: str, cluster: str, rounds: int, max_evaluations: int) -> dict:
     row = {
         "model": name,
         "cluster": cluster,
+        "processes": jax.process_count(),
         "found_buckets": len(found.all_reduce_buckets),
         "found_departing_groups": len(departing_groups(module, found, own)),
         "xla": {"measured_s": xla_s, "simulated_s": simulated["xla"]},
@@ -86,8 +114,8 @@ def measure(name: str, cluster: str, rounds: int, max_evaluations: int) -> dict:
         row[label] = {
             "measured_s": result.seconds,
             "speed_vs_xla": xla_s / result.seconds,
-            "equal": result.outputs.equal,
-            "bit_equal": result.outputs.bit_equal,
+            "equal": all(v[0] == "1" for v in verdicts[label]),
+            "bit_equal": all(v[1] == "1" for v in verdicts[label]),
             "simulated_s": simulated[label],
             "simulated_speed_vs_xla": simulated["xla"] / simulated[label],
         }
@@ -101,13 +129,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--max-evals", type=int, default=300)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if any(name.startswith("keras:") for name in args.models):
         os.environ["KERAS_BACKEND"] = "jax"
+    if args.worker:
+        _worker(args)
+        return
     import jax
 
     jax.config.update("jax_num_cpu_devices", DEVICES)
-    rows = [measure(n, args.cluster, args.rounds, args.max_evals) for n in args.models]
+    if args.processes > 1:
+        rows = _on_processes(args)
+    else:
+        rows = [measure(n, args.cluster, args.rounds, args.max_evals) for n in args.models]
     if args.json:
         print(json.dumps(rows, indent=1))
         return
@@ -133,6 +169,45 @@ def main() -> None:
             f"{'':20s} found plan: {row['found_buckets']} buckets, "
             f"{row['found_departing_groups']} groups departing from XLA's fusion"
         )
+
+
+def _on_processes(args) -> list[dict]:
+    """Capture here, measure on `args.processes` ranks; rank 0 writes the rows."""
+    import tempfile
+
+    from fusion_boundary_cost import captured
+
+    from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.runtime.launch import launch
+
+    if args.processes != DEVICES:
+        raise SystemExit(f"--processes: the modules are captured for {DEVICES} devices")
+    with tempfile.TemporaryDirectory() as directory:
+        for index, name in enumerate(args.models):
+            save_module(captured(name), os.path.join(directory, f"{index}.hlo.pb"))
+        forwarded = ["--worker", directory, "--models", *args.models]
+        forwarded += ["--cluster", args.cluster, "--rounds", str(args.rounds)]
+        forwarded += ["--max-evals", str(args.max_evals)]
+        code = launch(os.path.abspath(__file__), forwarded, args.processes, timeout_s=3600)
+        if code:
+            raise SystemExit(f"the {args.processes} ranks failed (exit code {code})")
+        with open(os.path.join(directory, "rows.json")) as file:
+            return json.load(file)
+
+
+def _worker(args) -> None:
+    """One rank: measure each saved module; rank 0 writes rows.json."""
+    import jax
+
+    from disco_xla.hlo_passes.hlo_io import load_module
+
+    rows = []
+    for index, name in enumerate(args.models):
+        module = load_module(os.path.join(args.worker, f"{index}.hlo.pb"))
+        rows.append(measure(name, args.cluster, args.rounds, args.max_evals, module))
+    if jax.process_index() == 0:
+        with open(os.path.join(args.worker, "rows.json"), "w") as file:
+            json.dump(rows, file)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Capture the pre-optimisation HLO module of a JAX or TensorFlow function."""
+"""Capture the HLO module of a JAX or TensorFlow function: before XLA optimises it,
+or, for a JAX step that XLA's SPMD partitioner splits, right after partitioning."""
 
 from __future__ import annotations
 
@@ -18,11 +19,32 @@ def capture_jax(fn: Callable, *args: Any, **kwargs: Any) -> HloModule:
 
     lowerable = fn if hasattr(fn, "lower") else jax.jit(fn)
     lowered = lowerable.lower(*args, **kwargs)
-    data = lowered.compiler_ir("hlo").as_serialized_hlo_module_proto()
     name = getattr(fn, "__name__", None) or getattr(
         getattr(fn, "__wrapped__", None), "__name__", "fn"
     )
-    return HloModule.from_bytes(data, source=f"<jax:{name}>", file_format="memory")
+    return lowered_module(lowered, f"<jax:{name}>")
+
+
+def lowered_module(lowered: Any, source: str) -> HloModule:
+    """The module of a lowered JAX step: as lowered, or, for a step that XLA's
+    SPMD partitioner splits over several devices (a `jax.jit` with sharded
+    arguments, whose gradient all-reduces do not exist before partitioning),
+    one partition's program after partitioning (`partitioned_module`)."""
+    data = lowered.compiler_ir("hlo").as_serialized_hlo_module_proto()
+    module = HloModule.from_bytes(data, source=source, file_format="memory")
+    if module.needs_partitioning:
+        return partitioned_module(lowered, source)
+    return module
+
+
+def partitioned_module(lowered: Any, source: str) -> HloModule:
+    """One partition's program of a lowered step, as XLA's SPMD partitioner
+    leaves it within JAX's own compile of the step (`xla_runner.after_partitioning`)."""
+    from disco_xla.runtime.xla_runner import after_partitioning
+
+    return after_partitioning(
+        lambda dump_options: lowered.compile(compiler_options=dump_options), source
+    )
 
 
 def capture_tf(fn: Callable, *args: Any) -> HloModule:

@@ -28,6 +28,30 @@ def _use_devices(module) -> None:
     jax.config.update("jax_num_cpu_devices", devices_needed(module))
 
 
+def _load_for_planning(path: str):
+    """The module at `path` as plans are made for it: a module that XLA's SPMD
+    partitioner splits (a sharded `jax.jit` step dumped before optimisation)
+    is partitioned first, by XLA, since its all-reduces exist only after that."""
+    from disco_xla.hlo_passes.hlo_io import load_module
+
+    module = load_module(path)
+    if not module.needs_partitioning:
+        return module
+    from disco_xla.runtime.xla_runner import partition_module
+
+    _use_devices(module)
+    try:
+        return partition_module(module)
+    except Exception as error:  # noqa: BLE001 - XLA's own errors, one line
+        raise DiscoInputError(
+            path, f"XLA's SPMD partitioner cannot split it here ({_first_line(error)})"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:200]
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from disco_xla.hlo_passes.hlo_io import load_module
     from disco_xla.hlo_passes.summary import format_summary, summarize
@@ -258,7 +282,6 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from disco_xla.hlo_passes.hlo_io import load_module
     from disco_xla.plan import Plan, verify_plan
     from disco_xla.search.baselines import BASELINES, baseline
     from disco_xla.simulator.cost_models import TableCostModel, make_cost_model
@@ -266,7 +289,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
-    module = load_module(args.file)
+    module = _load_for_planning(args.file)
     profile = load_profile(args.cluster)
     cost_model = make_cost_model(args.cost_model, profile, args.table)
     note = ""
@@ -339,13 +362,12 @@ def _optimize(args: argparse.Namespace) -> int:
         raise DiscoInputError("optimize", "--alpha must be at least 1")
     from tqdm import tqdm
 
-    from disco_xla.hlo_passes.hlo_io import load_module
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.compare import compare_plans, comparison_summary, format_table
     from disco_xla.simulator.cost_models import make_cost_model
     from disco_xla.simulator.profiles import load_profile
 
-    module = load_module(args.file)
+    module = _load_for_planning(args.file)
     profile = load_profile(args.cluster)
     cost_model = make_cost_model(args.cost_model, profile, args.table)
     _use_devices(module)
@@ -458,9 +480,8 @@ def _load_plan(path: str):
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from disco_xla.hlo_passes.hlo_io import load_module
 
-    module = load_module(args.file)
+    module = _load_for_planning(args.file)
     plan = _load_plan(args.plan)
     _use_devices(module)
     written = _write_checked(module, plan, args.plan, args)
@@ -473,10 +494,8 @@ def _apply(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
 
-    from disco_xla.hlo_passes.hlo_io import load_module
-
-    original = load_module(args.original)
-    rewritten = load_module(args.rewritten)
+    original = _load_for_planning(args.original)
+    rewritten = _load_for_planning(args.rewritten)
     from disco_xla.runtime.xla_runner import devices_needed
 
     for path, module in ((args.original, original), (args.rewritten, rewritten)):
@@ -691,7 +710,11 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("--size", choices=["tiny", "full"], default="tiny")
     capture.add_argument("--batch", type=int, help="global batch (default 2 per replica)")
     capture.add_argument(
-        "--mode", choices=["pmap", "shard_map"], default="pmap", help="JAX: pmap or jit+shard_map"
+        "--mode",
+        choices=["pmap", "shard_map", "sharded"],
+        default="pmap",
+        help="JAX: pmap, jit+shard_map, or jit with sharded arguments (captured after "
+        "XLA's SPMD partitioning)",
     )
     capture.add_argument("-o", "--output", help="where to write the module (.pb, .txt, ...)")
     capture.add_argument("--json", action="store_true", help="print one JSON object, no progress")

@@ -99,13 +99,14 @@ class OptimizedFunction(WrappedStep):
         return leaves, signature
 
     def _first_call(self, args, kwargs, leaves) -> tuple[_Compiled, Any]:
-        from disco_xla.hlo_passes.graph import HloModule
+        from disco_xla.capture import lowered_module
         from disco_xla.planning import has_cross_device_all_reduces, prepared
 
         try:
             lowered = self._original.lower(*args, **kwargs)
-            data = lowered.compiler_ir("hlo").as_serialized_hlo_module_proto()
-            module = HloModule.from_bytes(data, f"<jax:{self.__name__}>", "memory")
+            # A jit with sharded arguments: after SPMD partitioning, where its
+            # gradient all-reduces are.
+            module = lowered_module(lowered, f"<jax:{self.__name__}>")
             data_parallel = has_cross_device_all_reduces(module)
             if data_parallel:
                 module = prepared(module)

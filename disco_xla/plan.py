@@ -234,8 +234,26 @@ def _check_contracted_graph_acyclic(module, group_of, plan, source) -> None:
             raise DiscoInputError(source, f"{where} is not convex: fusing it would create a cycle")
 
 
+def bucket_kinds(module: HloModule) -> dict[str, tuple]:
+    """What gradient all-reduces must share to go in one bucket, by name: dtype,
+    reduction, device groups, channel scope and computation."""
+    by_name = {i.name: i for i in module.instructions()}
+    return {
+        a.name: (
+            by_name[a.name].shape.leaves()[0].element_type,
+            a.reduction,
+            a.group_size,
+            a.groups,
+            a.scope,
+            by_name[a.name].computation.name,
+        )
+        for a in module.gradient_all_reduces
+    }
+
+
 def _check_buckets(plan, module, by_name, source) -> None:
     gradients = {a.name: a for a in module.gradient_all_reduces}
+    kind = bucket_kinds(module)
     bucket_of: dict[str, int] = {}
     for index, bucket in enumerate(plan.all_reduce_buckets):
         if not bucket:
@@ -250,16 +268,7 @@ def _check_buckets(plan, module, by_name, source) -> None:
                     source, f"{name!r} is in buckets {bucket_of[name]} and {index}"
                 )
             bucket_of[name] = index
-        kinds = {
-            (
-                by_name[n].shape.leaves()[0].element_type,
-                gradients[n].reduction,
-                gradients[n].group_size,
-                gradients[n].scope,
-                by_name[n].computation.name,
-            )
-            for n in bucket
-        }
+        kinds = {kind[n] for n in bucket}
         if len(kinds) > 1:
             raise DiscoInputError(
                 source,

@@ -18,6 +18,11 @@ from disco_xla.hlo_passes import edit
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
 
+GROUP_FIELDS = (
+    "collective_device_list",
+    "iota_collective_device_list",
+    "mesh_axes_replica_group_list",
+)
 NAME = "bucket-all-reduces"
 BUCKET_MARK = "disco_xla.bucket"
 
@@ -80,7 +85,10 @@ def _concatenate_bucket(module: HloModule, index: int, members) -> int:
     )
     reduced.channel_id = template.channel_id
     reduced.use_global_device_ids = template.use_global_device_ids
-    reduced.collective_device_list.CopyFrom(template.collective_device_list)
+    # The device groups, in whichever of XLA's forms the template has them.
+    for field in GROUP_FIELDS:
+        if template.HasField(field):
+            getattr(reduced, field).CopyFrom(getattr(template, field))
     reduced.replica_groups.extend(template.replica_groups)
     reduced.called_computation_ids.extend(template.called_computation_ids)
     reduced.metadata.op_name = f"{BUCKET_MARK}/{index}: " + ",".join(m.name for m in members)

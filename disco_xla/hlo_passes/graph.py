@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from disco_xla.errors import DiscoInputError
@@ -26,6 +27,10 @@ CONTROL_FLOW_OPCODES = frozenset(
     {"call", "while", "conditional", "async-start", "async-update", "async-done", "custom-call"}
 )
 ALL_REDUCE_OPCODES = frozenset({"all-reduce", "all-reduce-start"})
+COLLECTIVE_OPCODES = ALL_REDUCE_OPCODES | frozenset(
+    """all-gather all-gather-start reduce-scatter all-to-all collective-permute
+    collective-permute-start collective-broadcast ragged-all-to-all""".split()
+)
 # One FLOP per output element.
 ELEMENTWISE_OPCODES = frozenset(
     """abs add atan2 and cbrt ceil clamp compare cosine divide erf exponential
@@ -163,6 +168,7 @@ class AllReduce:
     group_size: int | None  # devices per replica group; None means all devices
     scope: str  # 'replica' (no channel), 'partition', or 'global' device ids
     is_gradient: bool
+    groups: tuple = ()  # the device groups, as device-id tuples (() : one group of all)
 
 
 class HloModule:
@@ -449,6 +455,7 @@ class HloModule:
                         group_size=group_size,
                         scope=_collective_scope(instr.proto),
                         is_gradient=is_gradient,
+                        groups=_groups_key(instr.proto),
                     )
                 )
         return found
@@ -510,8 +517,54 @@ class HloModule:
                 partitions = global_devices
         return {"num_replicas": replicas, "num_partitions": partitions}
 
+    @property
+    def already_partitioned(self) -> bool:
+        """Whether this is one partition's program, as XLA's SPMD partitioner
+        leaves it (an `after_spmd-partitioning` dump, or a sharded `jax.jit` step
+        captured after partitioning): several partitions, cross-partition
+        collectives or `partition-id`, and no sharding custom-calls left for a
+        partitioner (`jax.pmap` and `shard_map` modules have those). Such a
+        module must not be partitioned again."""
+        if self.device_counts()["num_partitions"] < 2:
+            return False
+        partitioned = False
+        for instr in self.instructions():
+            if instr.opcode == "custom-call" and _is_partitioner_marker(
+                instr.proto.custom_call_target
+            ):
+                return False
+            if instr.opcode == "partition-id" or (
+                instr.opcode in COLLECTIVE_OPCODES and instr.proto.channel_id
+            ):
+                partitioned = True
+        return partitioned
+
+    @property
+    def needs_partitioning(self) -> bool:
+        """Whether XLA's SPMD partitioner will split this module over several
+        devices by its shardings alone (a `jax.jit` step with sharded arguments
+        before XLA compiles it): several partitions, no collective written yet,
+        and no manual region (`shard_map` and `pmap` keep theirs in
+        `xla.sdy.manual_computation_body` computations, whose collectives the
+        user wrote). Its gradient all-reduces appear only after partitioning."""
+        if self.device_counts()["num_partitions"] < 2 or self.already_partitioned:
+            return False
+        if any("manual_computation" in computation.name for computation in self.computations):
+            return False
+        return not any(instr.opcode in COLLECTIVE_OPCODES for instr in self.instructions())
+
     def __repr__(self) -> str:
         return f"<HloModule {self.name}: {len(self.computations)} computations>"
+
+
+def _is_partitioner_marker(target: str) -> bool:
+    """Custom-calls that a module before SPMD partitioning carries (manual
+    regions of shard_map/pmap, sharding annotations)."""
+    return target.startswith("xla.sdy.") or target in (
+        "Sharding",
+        "SPMDFullToShardShape",
+        "SPMDShardToFullShape",
+    )
 
 
 def _reorder(repeated, items) -> bool:
@@ -565,6 +618,8 @@ def _replica_groups(proto) -> tuple[int | None, int | None]:
         groups = proto.replica_groups
     elif proto.iota_collective_device_list.num_devices_per_group:
         iota = proto.iota_collective_device_list
+    if iota is None and proto.mesh_axes_replica_group_list.HasField("mesh"):
+        return _mesh_axes_groups(proto.mesh_axes_replica_group_list)
     if iota is not None:
         per_group = iota.num_devices_per_group
         return per_group, max(1, iota.num_replica_groups) * per_group
@@ -573,6 +628,53 @@ def _replica_groups(proto) -> tuple[int | None, int | None]:
     ids = [list(g.replica_ids) for g in groups]
     largest = max((max(g) for g in ids if g), default=0)
     return max(len(g) for g in ids), largest + 1
+
+
+def _groups_key(proto) -> tuple:
+    """The device groups of a collective as a tuple of device-id tuples, so that
+    groups written in different forms (explicit lists, iota lists, mesh axes with
+    or without size-1 axes) compare equal when they are the same; () when the
+    groups are empty (all devices in one group)."""
+    device_list = proto.collective_device_list
+    if device_list.replica_groups:
+        return tuple(tuple(g.replica_ids) for g in device_list.replica_groups)
+    for iota in (device_list.iota_replica_group_list, proto.iota_collective_device_list):
+        if iota.num_devices_per_group:
+            ids = np.arange(math.prod(iota.iota_reshape_dims)).reshape(iota.iota_reshape_dims)
+            ids = ids.transpose(list(iota.iota_transpose_perm) or None)
+            return tuple(map(tuple, ids.reshape(-1, iota.num_devices_per_group).tolist()))
+    if proto.mesh_axes_replica_group_list.HasField("mesh"):
+        return _mesh_axes_key(proto.mesh_axes_replica_group_list)
+    return tuple(tuple(g.replica_ids) for g in proto.replica_groups)
+
+
+def _mesh_axes_key(groups) -> tuple:
+    """The device groups of mesh-axes groups: a group holds the devices that
+    differ only along the listed axes."""
+    sizes = [max(axis.size, 1) for axis in groups.mesh.axes]
+    if any(axis.HasField("sub_axis_info") for axis in groups.axes):
+        # Parts of axes: keep the written form (equal only when written alike).
+        return (groups.SerializeToString(deterministic=True),)
+    ids = np.array(list(groups.mesh.device_ids) or range(math.prod(sizes))).reshape(sizes)
+    spanned = [axis.mesh_axis_index for axis in groups.axes]
+    others = [index for index in range(len(sizes)) if index not in spanned]
+    per_group = math.prod(sizes[index] for index in spanned)
+    ids = ids.transpose(others + spanned).reshape(-1, per_group)
+    return tuple(map(tuple, ids.tolist()))
+
+
+def _mesh_axes_groups(groups) -> tuple[int, int]:
+    """(devices per group, devices) of groups given as axes of a device mesh:
+    a group spans the listed axes (or parts of them) and the others tell the
+    groups apart."""
+    sizes = [max(axis.size, 1) for axis in groups.mesh.axes]
+    per_group = 1
+    for axis in groups.axes:
+        if axis.HasField("sub_axis_info") and axis.sub_axis_info.size:
+            per_group *= axis.sub_axis_info.size
+        elif 0 <= axis.mesh_axis_index < len(sizes):
+            per_group *= sizes[axis.mesh_axis_index]
+    return per_group, math.prod(sizes)
 
 
 def _sharding_devices(sharding) -> int:

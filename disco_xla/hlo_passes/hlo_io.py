@@ -25,6 +25,10 @@ _PROTO_EXTENSIONS = (".pb",)
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+# XLA's SPMD partitioner pass: a dump after it is one partition's program.
+PARTITIONER_PASS = "spmd-partitioning"
+
+
 def load_module(path: str | os.PathLike, module_name: str | None = None) -> HloModule:
     """Load an HLO module from a file or an XLA dump directory.
 
@@ -124,9 +128,13 @@ def _choose_from_dump(directory: str, module_name: str | None) -> str:
     """Pick the module file from an `--xla_dump_to` directory.
 
     Candidates are the `*before_optimizations*` files (or, when `module_name` is
-    given, files whose name contains it). A binary proto is preferred to the text
-    of the same module. Among several modules we take the largest, which for a
-    training script is the training step, and the caller can name another.
+    given, files whose name contains it). Where XLA also dumped a module after
+    its SPMD partitioner (`--xla_dump_hlo_pass_re=spmd-partitioning`), that one
+    is taken instead: for a step split by the partitioner (a sharded `jax.jit`)
+    it is the program that holds the all-reduces. A binary proto is preferred to
+    the text of the same module. Among several modules we take the largest,
+    which for a training script is the training step, and the caller can name
+    another.
     """
     try:
         names = sorted(os.listdir(directory))
@@ -142,7 +150,9 @@ def _choose_from_dump(directory: str, module_name: str | None) -> str:
         candidates = [n for n in matching if "before_optimizations" in n] or matching
         wanted = f"module file whose name contains {module_name!r}"
     else:
-        candidates = [n for n in readable if "before_optimizations" in n]
+        candidates = [n for n in readable if f"after_{PARTITIONER_PASS}." in n] or [
+            n for n in readable if "before_optimizations" in n
+        ]
         wanted = "*before_optimizations* module file"
     if not candidates:
         raise DiscoInputError(directory, f"no {wanted} in this directory")

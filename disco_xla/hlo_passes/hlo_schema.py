@@ -68,6 +68,8 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("use_global_device_ids", 71, "bool", False),
         ("collective_device_list", 87, "CollectiveDeviceListProto", False),
         ("iota_collective_device_list", 92, "IotaReplicaGroupListProto", False),
+        # Groups as axes of a device mesh (XLA's SPMD partitioner writes these).
+        ("mesh_axes_replica_group_list", 93, "MeshAxesReplicaGroupListProto", False),
     ],
     "SliceDimensions": [
         ("start", 1, "int64", False),
@@ -130,6 +132,20 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("iota_reshape_dims", 3, "int64", True),
         ("iota_transpose_perm", 4, "int32", True),
     ],
+    "MeshAxesReplicaGroupListProto": [
+        ("mesh", 1, "MeshProto", False),
+        ("axes", 2, "AxisRefProto", True),  # the axes a group spans
+    ],
+    "MeshProto": [
+        ("axes", 1, "MeshAxisProto", True),
+        ("device_ids", 2, "int64", True),  # empty: 0, 1, ... in mesh order
+    ],
+    "MeshAxisProto": [("name", 1, "string", False), ("size", 2, "int64", False)],
+    "AxisRefProto": [
+        ("mesh_axis_index", 1, "int64", False),
+        ("sub_axis_info", 2, "SubAxisProto", False),
+    ],
+    "SubAxisProto": [("pre_size", 1, "int64", False), ("size", 2, "int64", False)],
     "CollectiveDeviceListProto": [
         ("replica_groups", 1, "ReplicaGroup", True),
         ("iota_replica_group_list", 2, "IotaReplicaGroupListProto", False),
@@ -144,7 +160,9 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
     "DeviceAssignmentProto": [
         ("replica_count", 1, "int32", False),
         ("computation_count", 2, "int32", False),
+        ("computation_devices", 3, "ComputationDevice", True),
     ],
+    "ComputationDevice": [("replica_device_ids", 1, "int64", True)],
     "FrontendAttributes": [("map", 1, "FrontendAttributes.MapEntry", True)],
 }
 

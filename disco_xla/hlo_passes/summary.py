@@ -45,6 +45,15 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
         "flops": module.total_flops,
         "bytes": sum(i.output_bytes + i.operand_bytes for i in program),
         **module.device_counts(),
+        # 'as written', 'one partition's program' (after XLA's SPMD partitioner),
+        # or 'split by XLA's partitioner' (its all-reduces appear only after it).
+        "partitioning": (
+            "one partition's program"
+            if module.already_partitioned
+            else "split by XLA's partitioner"
+            if module.needs_partitioning
+            else "as written"
+        ),
     }
 
 
@@ -55,7 +64,7 @@ def format_summary(summary: dict) -> str:
         f"computations  {summary['computations']}",
         f"instructions  {summary['instructions']}",
         f"devices       {summary['num_replicas']} replica(s) x "
-        f"{summary['num_partitions']} partition(s)",
+        f"{summary['num_partitions']} partition(s), {summary['partitioning']}",
         f"flops         {_si(summary['flops'])}FLOP",
         f"bytes         {_si(summary['bytes'])}B accessed (estimate)",
         f"all-reduces   {summary['all_reduces']}, {_si(summary['all_reduce_bytes'])}B "

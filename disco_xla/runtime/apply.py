@@ -22,6 +22,7 @@ from disco_xla.hlo_passes.bucket_all_reduces import bucket_all_reduces
 from disco_xla.hlo_passes.fusion_boundaries import outline_fusion_groups
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan, verify_plan
+from disco_xla.runtime.agreement import broadcast
 from disco_xla.runtime.xla_runner import (
     PartitionedProgram,
     compile_module,
@@ -231,7 +232,16 @@ def time_candidates(
     start = time.perf_counter()
     runners[""]()
     # A round times each program over several steps when one step is short.
-    steps = max(1, min(MAX_STEPS_PER_ROUND, int(ROUND_S / (time.perf_counter() - start))))
+    # Over several processes every rank must run the same steps (their
+    # collectives pair up), so rank 0's count is used.
+    steps = int(
+        broadcast(
+            _next_topic("time_candidates/steps"),
+            lambda: str(
+                max(1, min(MAX_STEPS_PER_ROUND, int(ROUND_S / (time.perf_counter() - start))))
+            ),
+        )
+    )
     labels = list(runners)
     times: dict[str, list[float]] = {label: [] for label in labels}
     for round_index in range(rounds):
@@ -248,6 +258,16 @@ def time_candidates(
         for label in candidates
     }
     return float(np.median(times[""])), results
+
+
+_topics_used: Counter[str] = Counter()
+
+
+def _next_topic(name: str) -> str:
+    """A topic for `agreement`, new on each call (each is used once per job);
+    every rank makes the same calls in the same order, so the names match."""
+    _topics_used[name] += 1
+    return f"{name}/{_topics_used[name]}"
 
 
 def _inputs(program, arguments):

@@ -17,7 +17,7 @@ from jax._src.interpreters import pxla
 from jax._src.lib import xla_client
 
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.runtime.xla_runner import _compile
+from disco_xla.runtime.xla_runner import _compile, as_replicas
 
 
 class ShardingMismatch(RuntimeError):
@@ -46,12 +46,18 @@ class RewrittenStep:
                 f"the step runs on {len(devices)} devices, the module has "
                 f"{counts['num_partitions']} partitions"
             )
+        # One partition's program (a sharded jit captured after partitioning)
+        # runs as replicas, partition i's as replica i on the same device.
+        per_device = module.already_partitioned
         options = xla_client.CompileOptions()
-        options.num_replicas = 1
-        options.num_partitions = len(devices)
+        options.num_replicas = len(devices) if per_device else 1
+        options.num_partitions = 1 if per_device else len(devices)
         build = options.executable_build_options
-        build.use_spmd_partitioning = True
+        build.use_spmd_partitioning = not per_device
         build.use_shardy_partitioner = True
+        if per_device:
+            parameters = _parameter_shapes(module)
+            module = as_replicas(module)
         self._executable = _compile(module, devices, options, disabled_passes)
         self._in_shardings = list(in_shardings)
         self._out_shardings = list(out_shardings)
@@ -65,6 +71,10 @@ class RewrittenStep:
             self._out_shardings,
             committed=True,
         ).handlers
+        if per_device:
+            _check_shard_shapes("argument", parameters, in_shardings, in_avals)
+            _check_shard_shapes("result", _result_shapes(module), out_shardings, out_avals)
+            return
         _check_layouts(
             "argument", self._executable.get_parameter_shardings(), in_shardings, in_avals
         )
@@ -106,6 +116,33 @@ def standing_in_for(
         jax.tree_util.tree_leaves(lowered.out_info),
         disabled_passes,
     )
+
+
+def _parameter_shapes(module: HloModule) -> list[tuple[int, ...]]:
+    parameters = sorted(
+        (i for i in module.entry.instructions if i.opcode == "parameter"),
+        key=lambda i: i.proto.parameter_number,
+    )
+    return [tuple(p.shape.dims) for p in parameters]
+
+
+def _result_shapes(module: HloModule) -> list[tuple[int, ...]]:
+    return [tuple(leaf.dims) for leaf in module.entry.root.shape.leaves()]
+
+
+def _check_shard_shapes(what: str, shapes, shardings, avals) -> None:
+    """One partition's program takes and gives each device's shard: its shapes
+    must be those of the original's shards."""
+    if len(shapes) != len(shardings):
+        raise ShardingMismatch(
+            f"the rewritten step has {len(shapes)} {what}s, the original {len(shardings)}"
+        )
+    for index, (shape, sharding, aval) in enumerate(zip(shapes, shardings, avals, strict=True)):
+        expected = tuple(sharding.shard_shape(tuple(aval.shape)))
+        if tuple(shape) != expected:
+            raise ShardingMismatch(
+                f"{what} {index} is {list(shape)} per device, the original's shard {list(expected)}"
+            )
 
 
 def _check_layouts(what: str, compiled, expected, avals) -> None:

@@ -7,6 +7,9 @@ device gets its own arguments, and we get each device's outputs back.
 
 from __future__ import annotations
 
+import glob
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 
 import jax
@@ -17,7 +20,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo_passes.hlo_io import PARTITIONER_PASS
 from disco_xla.hlo_passes.hlo_schema import OpSharding
+from disco_xla.hlo_passes.partitions_as_replicas import partitions_as_replicas
 from disco_xla.hlo_passes.shapes import Shape
 
 _RECENT_COMPILES = 4
@@ -38,6 +43,53 @@ def compile_module(module: HloModule, disabled_passes: Sequence[str] = ()) -> Hl
     return _recent_compiles[key]
 
 
+def as_replicas(module: HloModule) -> HloModule:
+    """A copy of an already-partitioned module, as N replicas."""
+    copy = HloModule.from_bytes(module.to_bytes(), module.source, module.file_format)
+    partitions_as_replicas(copy)
+    return copy
+
+
+def after_partitioning(compile_with: Callable[[dict], object], source: str) -> HloModule:
+    """The module right after XLA's `spmd-partitioning` pass, from one compile
+    that `compile_with(options)` runs with these XLA debug options added for that
+    compile alone (XLA_FLAGS are untouched): XLA dumps the module after that
+    pass as a proto into a temporary directory. It has the collectives the
+    partitioner inserted, with channels and global device ids, and runs as
+    replicas (`hlo_passes.partitions_as_replicas`)."""
+    with tempfile.TemporaryDirectory(prefix="disco_xla_partitioned_") as directory:
+        compile_with(
+            {
+                "xla_dump_to": directory,
+                "xla_dump_hlo_pass_re": PARTITIONER_PASS,
+                "xla_dump_hlo_as_proto": True,
+                "xla_dump_hlo_as_text": False,
+            }
+        )
+        dumps = sorted(glob.glob(os.path.join(directory, f"*.after_{PARTITIONER_PASS}.*.hlo.pb")))
+        if not dumps:
+            raise RuntimeError(f"XLA wrote no module after {PARTITIONER_PASS} for {source}")
+        with open(dumps[-1], "rb") as file:
+            return HloModule.from_bytes(file.read(), source=source, file_format="memory")
+
+
+def partition_module(module: HloModule) -> HloModule:
+    """One partition's program of a module that XLA's SPMD partitioner splits
+    (`module.needs_partitioning`), as XLA partitions it when it compiles it."""
+
+    devices = _cpu_devices(devices_needed(module))
+
+    def compile_with(dump_options: dict) -> None:
+        options = _spmd_options(len(devices))
+        for name, value in dump_options.items():
+            setattr(options.executable_build_options.debug_options, name, value)
+        _compile(module, devices, options, ())
+
+    partitioned = after_partitioning(compile_with, module.source)
+    partitioned.file_format = module.file_format
+    return partitioned
+
+
 def devices_needed(module: HloModule) -> int:
     counts = module.device_counts()
     return max(counts["num_partitions"], counts["num_replicas"])
@@ -45,8 +97,12 @@ def devices_needed(module: HloModule) -> int:
 
 def program_for(module: HloModule, devices: int | None = None, disabled_passes: Sequence[str] = ()):
     """A PartitionedProgram for a pmap or shard_map module, else a
-    ReplicatedProgram, on `devices` devices (by default, as many as it needs)."""
+    ReplicatedProgram, on `devices` devices (by default, as many as it needs).
+    A module already SPMD-partitioned runs as replicas, so that it is not
+    partitioned again (`hlo_passes.partitions_as_replicas`)."""
     devices = devices or devices_needed(module)
+    if module.already_partitioned:
+        return ReplicatedProgram(as_replicas(module), devices, disabled_passes)
     if module.device_counts()["num_partitions"] > 1:
         return PartitionedProgram(module, devices, disabled_passes)
     return ReplicatedProgram(module, devices, disabled_passes)
@@ -119,9 +175,11 @@ class ReplicatedProgram:
             raise ValueError(f"need arguments for {len(self.devices)} devices")
         global_arguments = []
         for index, shape in enumerate(self.parameters):
+            # Over several processes each places only its own devices' shards.
             shards = [
                 jax.device_put(np.asarray(arguments[index]), device)
                 for arguments, device in zip(arguments_per_device, self.devices, strict=True)
+                if device.process_index == jax.process_index()
             ]
             global_arguments.append(
                 jax.make_array_from_single_device_arrays(
@@ -137,10 +195,17 @@ class ReplicatedProgram:
 
     def run(self, arguments_per_device: Sequence[Sequence[np.ndarray]]) -> list[list[np.ndarray]]:
         """Run once; `arguments_per_device[d][i]` is parameter i on device d.
-        Returns `outputs[d][j]`, the j-th output leaf of device d."""
+        Returns `outputs[d][j]`, the j-th output leaf of device d, for this
+        process's devices (all of them in one process)."""
         results = self._executable.execute_sharded(self._place(arguments_per_device))
-        per_output = results.disassemble_into_single_device_arrays()
-        return [[np.asarray(output[d]) for output in per_output] for d in range(len(self.devices))]
+        return _local_outputs(results)
+
+
+def _local_outputs(results) -> list[list[np.ndarray]]:
+    """`outputs[d][j]`: output j's shard on this process's d-th device."""
+    per_output = results.disassemble_into_single_device_arrays()
+    local_devices = len(per_output[0]) if per_output else 0
+    return [[np.asarray(output[d]) for output in per_output] for d in range(local_devices)]
 
 
 def _device_runner(executable, placed: list) -> Callable[[], None]:
@@ -189,6 +254,17 @@ _NUMPY_TYPES = {
 }
 
 
+def _spmd_options(devices: int):
+    """Compile options for one program split by XLA's SPMD partitioner (Shardy)."""
+    options = xla_client.CompileOptions()
+    options.num_replicas = 1
+    options.num_partitions = devices
+    build = options.executable_build_options
+    build.use_spmd_partitioning = True
+    build.use_shardy_partitioner = True
+    return options
+
+
 class PartitionedProgram:
     """A module from `jax.pmap` or `jax.jit(shard_map)` (SPMD partitions, one per
     device) compiled for N CPU devices. `disabled_passes` turns XLA passes off for
@@ -200,12 +276,7 @@ class PartitionedProgram:
         self.devices = _cpu_devices(devices)
         self._mesh = Mesh(np.array(self.devices), ("d",))
         self.parameters = [p.shape for p in _entry_parameters(module)]
-        options = xla_client.CompileOptions()
-        options.num_replicas = 1
-        options.num_partitions = devices
-        build = options.executable_build_options
-        build.use_spmd_partitioning = True
-        build.use_shardy_partitioner = True
+        options = _spmd_options(devices)
         self._executable = _compile(
             module, self.devices, options, disabled_passes, drop_aliases=True
         )
@@ -238,11 +309,8 @@ class PartitionedProgram:
 
     def run(self, arguments: Sequence[np.ndarray]) -> list[list[np.ndarray]]:
         """Run once on global arguments; returns `outputs[d][j]`, the part of
-        output j that device d holds."""
-        placed = self._place(arguments)
-        results = self._executable.execute_sharded(placed)
-        per_output = results.disassemble_into_single_device_arrays()
-        return [[np.asarray(output[d]) for output in per_output] for d in range(len(self.devices))]
+        output j that device d holds, for this process's devices."""
+        return _local_outputs(self._executable.execute_sharded(self._place(arguments)))
 
 
 def _partition_spec(sharding, rank: int, devices: int) -> P:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.plan import Plan, gradient_all_reduces_in_order, verify_plan
+from disco_xla.plan import Plan, bucket_kinds, gradient_all_reduces_in_order, verify_plan
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
@@ -187,25 +187,10 @@ def baseline(
     )
 
 
-def _bucket_kind(module: HloModule) -> dict[str, tuple]:
-    """What gradients must share to go in one bucket (see `verify_plan`)."""
-    by_name = {i.name: i for i in module.instructions()}
-    return {
-        a.name: (
-            by_name[a.name].shape.leaves()[0].element_type,
-            a.reduction,
-            a.group_size,
-            a.scope,
-            by_name[a.name].computation.name,
-        )
-        for a in module.gradient_all_reduces
-    }
-
-
 def legal_buckets(module: HloModule, buckets) -> tuple[tuple[str, ...], ...]:
     """`buckets` with each bucket cut where consecutive members differ in dtype,
     reduction, device groups or computation."""
-    kind = _bucket_kind(module)
+    kind = bucket_kinds(module)
     out: list[tuple[str, ...]] = []
     for bucket in buckets:
         run: list[str] = []

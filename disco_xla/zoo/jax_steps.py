@@ -1,8 +1,13 @@
 """Data-parallel JAX training steps for the zoo models.
 
-A step is: forward, loss and `jax.grad`; one `lax.pmean` per parameter tensor;
-an optax update (SGD with momentum for the CNNs, Adam for the transformers).
-It is built either with `jax.pmap` or with `jax.jit` over `jax.shard_map`.
+A step is: forward, loss and `jax.grad`; one `lax.pmean` per parameter tensor
+(except in the sharded form); an optax update (SGD with momentum for the CNNs,
+Adam for the transformers).
+It is built with `jax.pmap`, with `jax.jit` over `jax.shard_map`, or, as most
+JAX users write data parallelism today, with `jax.jit` over arguments sharded
+on a mesh (`mode='sharded'`): parameters replicated, the batch split along its
+first axis, and no pmean in the step; XLA's SPMD partitioner inserts the
+gradient all-reduces while it compiles.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from disco_xla.zoo import cnn
@@ -32,7 +37,7 @@ class JaxStep:
     args: tuple  # (params, state, opt_state, batch), stacked per device for pmap
     parameter_tensors: int
     parameter_count: int
-    mode: str  # 'pmap' or 'shard_map'
+    mode: str  # 'pmap', 'shard_map', or 'sharded' (jax.jit with sharded arguments)
     replicas: int
 
 
@@ -108,14 +113,23 @@ def build_jax_step(
     params, state, opt_state = jax.jit(init)() if concrete else jax.eval_shape(init)
     leaves = jax.tree_util.tree_leaves(params)
 
-    def step(params, state, opt_state, batch):
+    def train(params, state, opt_state, batch, mean_over_devices):
         def loss_fn(p):
             return transformed.apply(p, state, None, batch)
 
         (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        grads = jax.tree_util.tree_map(lambda g: jax.lax.pmean(g, AXIS), grads)
+        grads = jax.tree_util.tree_map(mean_over_devices, grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), new_state, opt_state, jax.lax.pmean(loss, AXIS)
+        return optax.apply_updates(params, updates), new_state, opt_state, mean_over_devices(loss)
+
+    def step(params, state, opt_state, batch):
+        """One device's part: one pmean per gradient, written by the user."""
+        return train(params, state, opt_state, batch, lambda x: jax.lax.pmean(x, AXIS))
+
+    def global_step(params, state, opt_state, batch):
+        """The whole batch's step: XLA's SPMD partitioner splits it by the
+        arguments' shardings and inserts the gradient all-reduces itself."""
+        return train(params, state, opt_state, batch, lambda x: x)
 
     if mode == "pmap":
 
@@ -148,8 +162,25 @@ def build_jax_step(
         if not concrete:
             batch = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
         args = (params, state, opt_state, batch)
+    elif mode == "sharded":
+        mesh = Mesh(np.array(jax.devices()[:replicas]), (AXIS,))
+        whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+        fn = jax.jit(
+            global_step,
+            in_shardings=(whole, whole, whole, split),
+            out_shardings=(whole, whole, whole, whole),
+        )
+
+        def place(tree, sharding):
+            if not concrete:
+                return jax.tree_util.tree_map(
+                    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+                )
+            return jax.device_put(tree, sharding)
+
+        args = (*place((params, state, opt_state), whole), place(example, split))
     else:
-        raise ValueError(f"unknown mode {mode!r}: use 'pmap' or 'shard_map'")
+        raise ValueError(f"unknown mode {mode!r}: use 'pmap', 'shard_map' or 'sharded'")
     return JaxStep(
         fn=fn,
         args=args,

@@ -48,6 +48,43 @@ _STEP = """
 """
 
 
+# The form most JAX users write: jax.jit over sharded global arrays, no pmean;
+# XLA's SPMD partitioner inserts the all-reduces.
+_SHARDED_STEP = """
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import disco_xla
+
+    rank = jax.process_index()
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
+
+    def step(w, b, x):
+        def loss(w, b):
+            return jnp.mean(jnp.tanh(x @ w + b) ** 2)
+        gw, gb = jax.grad(loss, argnums=(0, 1))(w, b)
+        return w - 0.1 * gw, b - 0.1 * gb
+
+    fn = disco_xla.jit(
+        jax.jit(step, in_shardings=(replicated, replicated, split),
+                out_shardings=(replicated, replicated)),
+        max_evaluations=20, cache_dir=sys.argv[1], check_speed=False)
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((8, 4)).astype(np.float32) * 0.3
+    b0 = np.zeros((4,), np.float32)
+    batch = rng.standard_normal((2, 3, 8)).astype(np.float32)  # one shard per rank
+    w = jax.make_array_from_process_local_data(replicated, w0)
+    b = jax.make_array_from_process_local_data(replicated, b0)
+    x = jax.make_array_from_process_local_data(split, batch[rank], (6, 8))
+    for _ in range(3):
+        w, b = fn(w, b, x)
+    plan = fn.plans()[0].to_json() if fn.plans() else None
+    print("RESULT " + json.dumps({"rank": rank, "status": fn.status(), "plan": plan,
+                                  "w": np.asarray(w.addressable_shards[0].data).tolist()}))
+"""
+
+
 def _reference_weights() -> np.ndarray:
     import jax
     import jax.numpy as jnp
@@ -87,6 +124,24 @@ def test_two_ranks_agree_on_one_plan_and_train_like_one_process(tmp_path):
     assert sorted(ranks) == [0, 1]
     assert ranks[0]["status"] == ranks[1]["status"] == ["optimized"]
     assert ranks[0]["plan"] is not None and ranks[0]["plan"] == ranks[1]["plan"]
+    for rank in ranks.values():
+        np.testing.assert_allclose(rank["w"], _reference_weights(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_sharded_jit_step_is_optimized_on_two_ranks_and_trains_like_one_process(tmp_path):
+    """The all-reduces exist only after SPMD partitioning: each rank captures the
+    partitioned module, they agree on one plan, and run it as replicas."""
+    script = tmp_path / "sharded_step.py"
+    script.write_text(textwrap.dedent(_SHARDED_STEP))
+    result = run_cli(
+        "launch", "-n", "2", "--timeout-s", "240", str(script), str(tmp_path), timeout_s=300
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    ranks = _results(result.stdout)
+    assert sorted(ranks) == [0, 1]
+    assert ranks[0]["status"] == ranks[1]["status"] == ["optimized"], ranks[0]["status"]
+    plan = json.loads(ranks[0]["plan"])
+    assert ranks[0]["plan"] == ranks[1]["plan"] and plan["all_reduce_buckets"]
     for rank in ranks.values():
         np.testing.assert_allclose(rank["w"], _reference_weights(), rtol=1e-5, atol=1e-6)
 

@@ -1,0 +1,125 @@
+"""Steps that XLA's SPMD partitioner splits (jax.jit with sharded arguments):
+captured after partitioning, their all-reduces found with the partitioner's
+mesh-axes device groups, and run as replicas bit-equal to JAX's own executable."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from disco_xla.capture import capture_jax
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo_passes.partitions_as_replicas import (
+    NotPartitionedError,
+    partitions_as_replicas,
+)
+from disco_xla.runtime.xla_runner import ReplicatedProgram, program_for
+
+
+def _sharded_step():
+    """A 2-layer MLP step over 4 devices: weights replicated, batch split. The
+    gather by a sharded index makes the partitioner emit `partition-id`."""
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+    def step(params, x, y, rows):
+        def loss(p):
+            hidden = jnp.tanh(x @ p["w1"] + p["b1"])
+            picked = jnp.take(p["table"], rows, axis=0)
+            return jnp.mean((hidden @ p["w2"] + picked - y) ** 2)
+
+        value, grads = jax.value_and_grad(loss)(params)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    rng = np.random.default_rng(0)
+    params = {
+        "w1": rng.standard_normal((16, 32)).astype(np.float32) * 0.2,
+        "b1": np.zeros(32, np.float32),
+        "w2": rng.standard_normal((32, 4)).astype(np.float32) * 0.2,
+        "table": rng.standard_normal((10, 4)).astype(np.float32),
+    }
+    args = (
+        jax.device_put(params, whole),
+        jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), split),
+        jax.device_put(rng.standard_normal((8, 4)).astype(np.float32), split),
+        jax.device_put(rng.integers(0, 10, (8,)).astype(np.int32), split),
+    )
+    return jax.jit(step), args
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    fn, args = _sharded_step()
+    return fn, args, capture_jax(fn, *args)
+
+
+def test_the_lowered_step_has_no_all_reduce_and_the_captured_one_has_every_gradient(sharded):
+    fn, args, module = sharded
+    lowered = HloModule.from_bytes(
+        fn.lower(*args).compiler_ir("hlo").as_serialized_hlo_module_proto()
+    )
+    assert not lowered.all_reduces and lowered.needs_partitioning
+    assert module.already_partitioned and not module.needs_partitioning
+    # One all-reduce per parameter tensor (w1, b1, w2, table), and the loss's.
+    gradients = module.gradient_all_reduces
+    assert len(gradients) == 4, [a.name for a in module.all_reduces]
+    # The partitioner writes device groups as mesh axes; each spans the 4 devices.
+    assert all(a.group_size == 4 and a.scope == "global" for a in gradients)
+    assert module.device_counts() == {"num_replicas": 1, "num_partitions": 4}
+    # Shapes are one device's: the batch of 8 split over 4.
+    batch = [i for i in module.entry.instructions if i.opcode == "parameter"][-1]
+    assert batch.shape.dims[0] == 2
+
+
+def test_the_pass_turns_partitions_into_replicas_and_only_once(sharded):
+    _, _, module = sharded
+    copy = HloModule.from_bytes(module.to_bytes())
+    assert any(i.opcode == "partition-id" for i in copy.instructions())
+    assert partitions_as_replicas(copy)
+    assert not any(i.opcode == "partition-id" for i in copy.instructions())
+    assert copy.device_counts() == {"num_replicas": 4, "num_partitions": 1}
+    assert not copy.already_partitioned
+    assert not partitions_as_replicas(copy)  # nothing left to do
+
+
+def test_run_as_replicas_it_is_bit_equal_to_jax_own_executable(sharded):
+    fn, args, module = sharded
+    expected = jax.tree_util.tree_leaves(fn(*args))
+    program = program_for(module)
+    assert isinstance(program, ReplicatedProgram) and len(program.devices) == 4
+    # Each replica gets its own device's shard of every argument.
+    leaves = jax.tree_util.tree_leaves(args)
+    per_device = [
+        [np.asarray(leaf.addressable_shards[d].data) for leaf in leaves] for d in range(4)
+    ]
+    outputs = program.run(per_device)
+    for device in range(4):
+        for got, want in zip(outputs[device], expected, strict=True):
+            np.testing.assert_array_equal(got, np.asarray(want.addressable_shards[device].data))
+
+
+def test_a_pmap_module_is_left_to_the_partitioner():
+    from disco_xla.demo import build_step
+
+    step, args, _ = build_step()
+    module = capture_jax(step, *args)
+    assert not module.already_partitioned and not module.needs_partitioning
+    copy = HloModule.from_bytes(module.to_bytes())
+    assert not partitions_as_replicas(copy)
+    assert copy.to_bytes() == HloModule.from_bytes(module.to_bytes()).to_bytes()
+
+
+def test_a_partitioned_module_with_cross_replica_collectives_is_refused(sharded):
+    _, _, module = sharded
+    copy = HloModule.from_bytes(module.to_bytes())
+    for instr in copy.instructions():
+        if instr.opcode == "all-reduce":
+            instr.proto.channel_id = 0  # now cross-replica only, beside 4 partitions
+            break
+    copy.rebuild()
+    with pytest.raises(NotPartitionedError, match="cross-replica collective"):
+        partitions_as_replicas(copy)
