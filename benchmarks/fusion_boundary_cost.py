@@ -21,7 +21,10 @@ opcode for the original and `every-group` (which kernels slow down).
     .venv/bin/python benchmarks/fusion_boundary_cost.py [--models resnet50 gpt2_small
         keras:MobileNetV2] [--rounds 7] [--trace] [--json]
 
-Models: the JAX zoo's names (tiny, batch 8); `tf:NAME` for a TF zoo step (tiny,
+Models: the JAX zoo's names (tiny, batch 8); `sharded:NAME` for the same step as
+`jax.jit` over sharded arguments (captured after XLA's SPMD partitioning, run as
+replicas), and `sharded:llama` for the Llama-style model (data x FSDP mesh);
+`tf:NAME` for a TF zoo step (tiny,
 batch 2, with our inserted all-reduces over 4 replicas); or `keras:NAME` for a
 `keras.applications` model (Keras on JAX, no weights, 96x96 images, 2 per
 device, SGD), e.g. keras:MobileNetV2, keras:Xception, keras:EfficientNetB0,
@@ -88,6 +91,19 @@ def captured(name: str):
 
         step = build_tf_step(name.split(":", 1)[1], "tiny", batch=2)
         return prepared(capture_tf_step(step, replicas=DEVICES))
+    if name.startswith("sharded:"):
+        # jax.jit with sharded arguments: captured after XLA's SPMD partitioning.
+        from disco_xla.capture import capture_jax
+        from disco_xla.zoo.jax_steps import build_jax_step
+
+        model = name.split(":", 1)[1]
+        if model == "llama":
+            from disco_xla.zoo.llama import build_llama_step
+
+            fn, args, _, _ = build_llama_step("tiny", DEVICES, 2 * DEVICES, fsdp=2)
+            return prepared(capture_jax(fn, *args))
+        step = build_jax_step(model, "tiny", DEVICES, 2 * DEVICES, mode="sharded")
+        return prepared(capture_jax(step.fn, *step.args))
     if name.startswith("keras:"):
         fn, args = keras_step(name.split(":", 1)[1])
     else:

@@ -88,6 +88,11 @@ def _capture(args: argparse.Namespace) -> int:
         ) from None
     if args.replicas < 1:
         raise DiscoInputError(args.model, f"--replicas must be at least 1, not {args.replicas}")
+    if args.model == "llama" and args.mode != "sharded":
+        raise DiscoInputError(
+            args.model,
+            "is written for jax.jit over a mesh of data and FSDP axes: use --mode sharded",
+        )
     if args.batch is not None and args.batch % args.replicas:
         raise DiscoInputError(
             args.model, f"the batch {args.batch} must split evenly over {args.replicas} replicas"

@@ -183,3 +183,61 @@ def test_the_environment_hook_optimises_an_unmodified_sharded_script(tmp_path):
     assert "STATUS ['plain jax']" in plain.stdout
     got, expected = np.load(tmp_path / "hook.npz"), np.load(tmp_path / "plain.npz")
     assert compare_outputs([expected[k] for k in expected.files], [got[k] for k in got.files]).equal
+
+
+def _loop_and_branch_step():
+    """A sharded step whose gradient flows through a `fori_loop` (a `while`) and
+    a `lax.cond` (a `conditional`), forward and backward."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+    whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+    def step(w, x, flag):
+        def loss(w):
+            h = jax.lax.fori_loop(0, 3, lambda i, h: jax.numpy.tanh(h @ w), x)
+            return jax.lax.cond(
+                flag > 0,
+                lambda h: jax.numpy.mean(h**2),
+                lambda h: jax.numpy.mean(abs(h)),
+                h,
+            )
+
+        value, grad = jax.value_and_grad(loss)(w)
+        return w - 0.1 * grad, value
+
+    fn = jax.jit(step, in_shardings=(whole, split, whole), out_shardings=(whole, whole))
+    w = jax.device_put(np.eye(8, dtype=np.float32) * 0.5, whole)
+    x = jax.device_put(np.ones((8, 8), np.float32), split)
+    return fn, (w, x, jax.numpy.int32(1))
+
+
+def test_every_verb_works_on_a_step_with_a_while_and_a_conditional(tmp_path):
+    from disco_xla import capture_jax
+
+    fn, args = _loop_and_branch_step()
+    module = capture_jax(fn, *args)
+    opcodes = {i.opcode for i in module.instructions()}
+    assert {"while", "conditional"} <= opcodes and module.gradient_all_reduces
+    path = str(tmp_path / "loop.hlo.pb")
+    save_module(module, path)
+    assert run_cli("inspect", path).returncode == 0
+    for name in BASELINES:
+        result = run_cli("simulate", path, "--cluster", "cpu-local", "--plan", name, "--json")
+        assert result.returncode == 0, (name, result.stderr[-1500:])
+    out = str(tmp_path / "out.hlo.pb")
+    result = run_cli("optimize", path, "--cluster", "cpu-local", "--max-evals", "20", "-o", out)
+    assert result.returncode == 0, result.stderr[-1500:]
+    applied = run_cli("apply", path, out + ".plan.json", "-o", str(tmp_path / "a.hlo.pb"))
+    assert applied.returncode == 0, applied.stderr[-1500:]
+    verified = run_cli("verify", path, out, "--devices", "4", "--json")
+    assert verified.returncode == 0 and json.loads(verified.stdout)["equal"]
+    optimized = disco_xla.jit(fn, cache_dir=str(tmp_path), **SEARCH)
+    optimized(*args)
+    assert optimized.status()[0].startswith("optimized"), optimized.status()
+    verdict = compare_outputs(
+        [np.asarray(a) for a in jax.tree_util.tree_leaves(fn(*args))],
+        [np.asarray(b) for b in jax.tree_util.tree_leaves(optimized(*args))],
+    )
+    assert verdict.equal, verdict

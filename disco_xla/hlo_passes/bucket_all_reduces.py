@@ -4,9 +4,11 @@ For each bucket of several gradients: flatten each gradient, concatenate them,
 run one all-reduce on the concatenation (with the members' reducer, channel and
 device groups), then slice each gradient back out and restore its shape. The old
 all-reduces' users read the restored values; the old all-reduces are removed.
-Consecutive buckets are chained by control dependencies, so the program keeps the
-plan's bucket order. (A tuple all-reduce written before partitioning does not
-compile in jax 0.10.2's manual mode; concatenation does, bit for bit.)
+Consecutive buckets of one computation are chained by control dependencies, so
+the program keeps the plan's bucket order (a loop body's buckets among
+themselves: a control dependency cannot cross a computation). (A tuple
+all-reduce written before partitioning does not compile in jax 0.10.2's manual
+mode; concatenation does, bit for bit.)
 """
 
 from __future__ import annotations
@@ -32,18 +34,19 @@ def bucket_all_reduces(module: HloModule, plan: Plan) -> bool:
     module changed."""
     by_name = {i.name: i for i in module.instructions()}
     changed = False
-    previous_id = None
+    previous_id: dict[str, int] = {}  # the last bucket so far in each computation
     for index, bucket in enumerate(plan.all_reduce_buckets):
         members = [by_name[name] for name in bucket]
+        computation = members[0].computation
         if len(members) == 1:
             current_id = members[0].id
         else:
             current_id = _concatenate_bucket(module, index, members)
             changed = True
-        if previous_id is not None:
-            _order_after(members[0].computation, current_id, previous_id)
+        if computation.name in previous_id:
+            _order_after(computation, current_id, previous_id[computation.name])
             changed = True
-        previous_id = current_id
+        previous_id[computation.name] = current_id
     if changed:
         module.rebuild()
     return changed

@@ -455,7 +455,7 @@ class HloModule:
                         group_size=group_size,
                         scope=_collective_scope(instr.proto),
                         is_gradient=is_gradient,
-                        groups=_groups_key(instr.proto),
+                        groups=device_groups(instr.proto),
                     )
                 )
         return found
@@ -630,7 +630,7 @@ def _replica_groups(proto) -> tuple[int | None, int | None]:
     return max(len(g) for g in ids), largest + 1
 
 
-def _groups_key(proto) -> tuple:
+def device_groups(proto) -> tuple:
     """The device groups of a collective as a tuple of device-id tuples, so that
     groups written in different forms (explicit lists, iota lists, mesh axes with
     or without size-1 axes) compare equal when they are the same; () when the
@@ -655,7 +655,16 @@ def _mesh_axes_key(groups) -> tuple:
     if any(axis.HasField("sub_axis_info") for axis in groups.axes):
         # Parts of axes: keep the written form (equal only when written alike).
         return (groups.SerializeToString(deterministic=True),)
-    ids = np.array(list(groups.mesh.device_ids) or range(math.prod(sizes))).reshape(sizes)
+    mesh = groups.mesh
+    if mesh.device_ids:
+        ids = np.array(list(mesh.device_ids))
+    elif mesh.HasField("iota_device_ids"):
+        iota = mesh.iota_device_ids
+        ids = np.arange(math.prod(sizes)).reshape(list(iota.reshape_dims))
+        ids = ids.transpose(list(iota.transpose_perm) or None)
+    else:
+        ids = np.arange(math.prod(sizes))
+    ids = ids.reshape(sizes)
     spanned = [axis.mesh_axis_index for axis in groups.axes]
     others = [index for index in range(len(sizes)) if index not in spanned]
     per_group = math.prod(sizes[index] for index in spanned)

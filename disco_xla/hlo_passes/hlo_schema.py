@@ -138,7 +138,14 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
     ],
     "MeshProto": [
         ("axes", 1, "MeshAxisProto", True),
-        ("device_ids", 2, "int64", True),  # empty: 0, 1, ... in mesh order
+        ("device_ids", 2, "int64", True),  # explicit ids in mesh order
+        # Or as an iota: arange(prod).reshape(dims).transpose(perm), printed
+        # `device_ids=([2,2]T(1,0))`; neither: 0, 1, ... in mesh order.
+        ("iota_device_ids", 3, "IotaDeviceIdsProto", False),
+    ],
+    "IotaDeviceIdsProto": [
+        ("reshape_dims", 1, "int64", True),
+        ("transpose_perm", 2, "int64", True),
     ],
     "MeshAxisProto": [("name", 1, "string", False), ("size", 2, "int64", False)],
     "AxisRefProto": [

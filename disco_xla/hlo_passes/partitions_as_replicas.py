@@ -10,9 +10,15 @@ partitioning"), or it shards the already-sharded parameters a second time.
 As N replicas with one partition each, the same program compiles with no
 partitioner at all. What changes, and why it computes the same:
 - `partition-id` becomes `replica-id`: replica i runs where partition i ran.
-- The cross-partition collectives keep their channels and device groups. Their
-  groups name global device ids (`use_global_device_ids`), which with one
-  partition per replica are the replica ids, the same numbers as before.
+- The cross-partition collectives keep their device groups. Where the groups
+  name global device ids (`use_global_device_ids`), those are the replica ids
+  now, the same numbers as before. Where they name partition ids (no global
+  ids), an all-reduce, all-gather or reduce-scatter is told that they are
+  global ids, and an all-to-all or collective-permute loses its channel, which
+  makes its groups (or pairs) replica ids: again the same numbers.
+- Device groups written as axes of a device mesh become the explicit list of
+  groups they stand for (XLA:CPU did not honour a mesh's permuted device order
+  for replicas).
 - Shardings are dropped: they describe how the partitioner split the program,
   which is already done.
 - The device assignment records N replicas and one partition.
@@ -26,13 +32,36 @@ partitions is refused.
 
 from __future__ import annotations
 
-from disco_xla.hlo_passes.graph import COLLECTIVE_OPCODES, HloModule
+from disco_xla.hlo_passes.graph import COLLECTIVE_OPCODES, HloModule, device_groups
 
 NAME = "partitions-as-replicas"
+# Collectives that can name their groups by global device ids; the others
+# (all-to-all, collective-permute, ...) become cross-replica by losing their
+# channel, with the same ids.
+_GLOBAL_ID_OPCODES = frozenset(
+    {"all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter"}
+)
 
 
 class NotPartitionedError(ValueError):
     """The module is not one partition's program of an SPMD-partitioned step."""
+
+
+def _write_groups_out(instr) -> None:
+    """Replace mesh-axes device groups by the explicit list they stand for. As
+    replicas, XLA:CPU does not honour a mesh's permuted device order (measured:
+    an all-to-all over the second axis of a 2x2 mesh exchanged with the wrong
+    partner), and an explicit list means the same in every mode."""
+    groups = device_groups(instr.proto)
+    if any(not isinstance(group[0], int) for group in groups if group):
+        raise NotPartitionedError(
+            f"{instr.name}: device groups over parts of mesh axes are not supported"
+        )
+    proto = instr.proto
+    proto.ClearField("mesh_axes_replica_group_list")
+    proto.collective_device_list.Clear()
+    for group in groups:
+        proto.collective_device_list.replica_groups.add().replica_ids.extend(group)
 
 
 def partitions_as_replicas(module: HloModule) -> bool:
@@ -53,8 +82,16 @@ def partitions_as_replicas(module: HloModule) -> bool:
                 f"{module.source}: {instr.name} is a cross-replica collective in a "
                 "partitioned module"
             )
+        if instr.opcode in COLLECTIVE_OPCODES and proto.HasField("mesh_axes_replica_group_list"):
+            _write_groups_out(instr)
         if instr.opcode == "partition-id":
             proto.opcode = "replica-id"
+        elif instr.opcode in COLLECTIVE_OPCODES and not proto.use_global_device_ids:
+            # Cross-partition groups name partition ids, the replica ids now.
+            if instr.opcode in _GLOBAL_ID_OPCODES:
+                proto.use_global_device_ids = True
+            else:
+                proto.channel_id = 0
         proto.ClearField("sharding")
     assignment = module.proto.device_assignment
     assignment.Clear()

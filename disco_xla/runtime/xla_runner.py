@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 
 import jax
+import ml_dtypes
 import numpy as np
 from jax._src import xla_bridge
 from jax._src.lib import _jax, xla_client
@@ -229,7 +230,7 @@ def random_arguments(shapes: Sequence[Shape], seed: int) -> list[np.ndarray]:
     arguments = []
     for shape in shapes:
         dtype = np.dtype(_NUMPY_TYPES.get(shape.element_type, "float32"))
-        if dtype.kind == "f":
+        if dtype.kind == "f" or dtype in _NARROW_FLOATS:
             arguments.append((rng.standard_normal(shape.dims) * 0.1).astype(dtype))
         elif dtype.kind == "b":
             arguments.append(rng.integers(0, 2, shape.dims).astype(bool))
@@ -251,6 +252,15 @@ _NUMPY_TYPES = {
     "f16": "float16",
     "f32": "float32",
     "f64": "float64",
+    "bf16": ml_dtypes.bfloat16,
+    "f8e4m3fn": ml_dtypes.float8_e4m3fn,
+    "f8e5m2": ml_dtypes.float8_e5m2,
+}
+# Floating-point types numpy knows only through ml_dtypes (their dtype.kind is 'V').
+_NARROW_FLOATS = {
+    np.dtype(ml_dtypes.bfloat16),
+    np.dtype(ml_dtypes.float8_e4m3fn),
+    np.dtype(ml_dtypes.float8_e5m2),
 }
 
 

@@ -181,7 +181,7 @@ def baseline(
     return Baseline(
         name,
         compiled_separate,
-        with_buckets(separate, buckets),
+        with_buckets(separate, legal_buckets(compiled_separate, buckets)),
         f"{fusion_note}, {note}",
         collectives_block_compute=gpu and name in RUN_BY_XLA,
     )

@@ -36,7 +36,12 @@ from typing import NamedTuple
 import numpy as np
 
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.plan import Plan, buckets_follow_dependencies, gradient_dependencies
+from disco_xla.plan import (
+    Plan,
+    bucket_kinds,
+    buckets_follow_dependencies,
+    gradient_dependencies,
+)
 from disco_xla.simulator.comm import CommCostFn, all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import (
@@ -234,6 +239,17 @@ def gradient_dependencies_of(module: HloModule) -> dict[str, frozenset[str]]:
     return found
 
 
+_KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def bucket_kinds_of(module: HloModule) -> dict[str, tuple]:
+    """`plan.bucket_kinds`, computed once per module."""
+    found = _KINDS.get(module)
+    if found is None:
+        found = _KINDS[module] = bucket_kinds(module)
+    return found
+
+
 class PlanState:
     """One loaded plan, ready to evaluate its neighbours."""
 
@@ -329,6 +345,7 @@ class PlanState:
         self._bucket_cache: dict[tuple[str, ...], tuple[int, int, int]] = {}
         self._collective_info()
         self.gradient_dependencies = gradient_dependencies_of(module)
+        self.bucket_kinds = bucket_kinds_of(module)
         self._set_buckets(plan.all_reduce_buckets)
         self._rebucket_info()
         self.iteration_ps = self._time(None)
@@ -631,6 +648,10 @@ class PlanState:
         """Simulated iteration seconds of the plan `change` makes (None: illegal)."""
         if isinstance(change, Rebucket):
             if not buckets_follow_dependencies(change.buckets, self.gradient_dependencies):
+                return None
+            # A bucket is one all-reduce: one dtype, device groups and computation.
+            kinds = self.bucket_kinds
+            if any(len({kinds[name] for name in bucket}) > 1 for bucket in change.buckets):
                 return None
             if self.profile.execution == "gpu-streams":
                 return self._rebucket_time(change.buckets) / PS_PER_S

@@ -1,8 +1,10 @@
 """Real models' data-parallel training steps, to capture as HLO.
 
 JAX (dm-haiku): ResNet-50, VGG-19, Inception-v3, BERT-base, BERT-large,
-Transformer-base and GPT-2 small. TensorFlow (Keras 3): ResNet50, VGG16 and
-InceptionV3 from keras.applications, and a BERT-like encoder.
+Transformer-base, GPT-2 small, and a Llama-style LM (`zoo.llama`: scan over
+layers, bf16, sharded over data and FSDP axes; `jax.jit` form only).
+TensorFlow (Keras 3): ResNet50, VGG16 and InceptionV3 from keras.applications,
+and a BERT-like encoder.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ ZOO = (
     ZooEntry("bert_large", "jax", "BERT-large pre-training, sequence 128", 340_000_000),
     ZooEntry("transformer_base", "jax", "Transformer-base encoder-decoder, 37k vocab", None),
     ZooEntry("gpt2_small", "jax", "GPT-2 small language model, sequence 128", 124_000_000),
+    ZooEntry(
+        "llama",
+        "jax",
+        "Llama-style LM (TinyLlama 1.1B shapes): scan over layers, bf16, data x FSDP",
+        1_100_000_000,
+    ),
     ZooEntry("resnet50", "tf", "keras.applications.ResNet50", None),
     ZooEntry("vgg16", "tf", "keras.applications.VGG16", None),
     ZooEntry("inception_v3", "tf", "keras.applications.InceptionV3", None),
@@ -71,6 +79,16 @@ def capture_model(
         from disco_xla.zoo.jax_steps import build_jax_step
 
         on_stage("build")
+        if name == "llama":
+            from disco_xla.zoo.llama import build_llama_step
+
+            if mode != "sharded":
+                raise ValueError("llama is written for jax.jit over a mesh: use --mode sharded")
+            fn, args, tensors, count = build_llama_step(
+                size, replicas, batch, fsdp=2 if replicas % 2 == 0 else 1, concrete=False
+            )
+            on_stage("lower")
+            return Capture(capture_jax(fn, *args), tensors, count)
         step = build_jax_step(name, size, replicas, batch, mode, concrete=False)
         on_stage("lower")
         module = capture_jax(step.fn, *step.args)

@@ -123,3 +123,30 @@ def test_a_partitioned_module_with_cross_replica_collectives_is_refused(sharded)
     copy.rebuild()
     with pytest.raises(NotPartitionedError, match="cross-replica collective"):
         partitions_as_replicas(copy)
+
+
+def test_an_all_to_all_over_a_permuted_mesh_axis_exchanges_with_the_right_partners():
+    """On a 2x2 mesh the partitioner writes the fsdp axis's groups over a mesh
+    whose device order is permuted (`device_ids=([2,2]T(1,0))`); as replicas
+    they must become the groups {0,1},{2,3}, not {0,2},{1,3}."""
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "fsdp"))
+    rows, columns = NamedSharding(mesh, P("fsdp", None)), NamedSharding(mesh, P(None, "fsdp"))
+
+    def reshard(x):
+        return jax.lax.with_sharding_constraint(jnp.sin(x), columns) * 2
+
+    fn = jax.jit(reshard, in_shardings=rows, out_shardings=columns)
+    x = jax.device_put(np.arange(64, dtype=np.float32).reshape(8, 8), rows)
+    module = capture_jax(fn, x)
+    (exchange,) = [i for i in module.instructions() if i.opcode == "all-to-all"]
+    assert exchange.proto.mesh_axes_replica_group_list.mesh.HasField("iota_device_ids")
+    from disco_xla.hlo_passes.graph import device_groups
+
+    assert device_groups(exchange.proto) == ((0, 1), (2, 3))
+    expected = fn(x)
+    program = program_for(module)
+    outputs = program.run([[np.asarray(x.addressable_shards[d].data)] for d in range(4)])
+    for device in range(4):
+        np.testing.assert_array_equal(
+            outputs[device][0], np.asarray(expected.addressable_shards[device].data)
+        )

@@ -1,0 +1,125 @@
+"""The Llama-style zoo model (scan over layers with checkpointing, bf16 parameters
+with an f32 optimizer state, jax.jit over a data x FSDP mesh): its module has the
+loops and collectives of real large-model training, every CLI verb works on it
+in both forms (captured as written, and from XLA's dump after partitioning),
+and `disco_xla.jit` runs it optimised and equal to JAX's own program."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import jax
+import numpy as np
+import pytest
+
+import disco_xla
+from disco_xla import capture_jax, save_module
+from disco_xla.hlo_passes.hlo_io import load_module
+from disco_xla.runtime.apply import compare_outputs
+from disco_xla.search.baselines import BASELINES
+from disco_xla.zoo.llama import LLAMA_1B, build_llama_step
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def step():
+    return build_llama_step("tiny", devices=4, global_batch=8, fsdp=2)
+
+
+@pytest.fixture(scope="module")
+def forms(step, tmp_path_factory) -> dict[str, str]:
+    """The module as disco-xla captures it, and the module XLA dumped after its
+    SPMD partitioner (`--xla_dump_hlo_pass_re=spmd-partitioning`)."""
+    fn, args, _, _ = step
+    directory = tmp_path_factory.mktemp("llama")
+    captured = str(directory / "captured.hlo.pb")
+    save_module(capture_jax(fn, *args), captured)
+    dump = directory / "dump"
+    fn.lower(*args).compile(
+        compiler_options={
+            "xla_dump_to": str(dump),
+            "xla_dump_hlo_pass_re": "spmd-partitioning",
+            "xla_dump_hlo_as_proto": True,
+        }
+    )
+    return {"captured": captured, "dump": str(dump)}
+
+
+def test_the_step_has_loops_bf16_parameters_and_the_partitioners_collectives(step, forms):
+    fn, args, tensors, _ = step
+    params, (master, adam), _ = args
+    assert {str(leaf.dtype) for leaf in jax.tree_util.tree_leaves(params)} == {"bfloat16"}
+    assert {str(leaf.dtype) for leaf in jax.tree_util.tree_leaves(master)} == {"float32"}
+    module = load_module(forms["captured"])
+    assert module.already_partitioned
+    opcodes = Counter(i.opcode for i in module.instructions())
+    assert opcodes["while"] >= 2  # the scan, forward and backward
+    assert opcodes["all-gather"] > 0  # FSDP's parameter gathers
+    # Gradients reduced inside the backward loop's body are found as gradients.
+    loops = {c.name for c in module.computations if c.role == "program"} - {module.entry.name}
+    inside = [a for a in module.gradient_all_reduces if a.computation in loops]
+    assert inside, [(a.name, a.computation) for a in module.gradient_all_reduces]
+    assert len(module.gradient_all_reduces) >= tensors
+    assert any("bf16" in a.shape for a in module.gradient_all_reduces)
+
+
+def test_the_full_size_has_about_a_billion_parameters_and_lowers_from_shapes():
+    fn, args, tensors, count = build_llama_step("full", 4, 8, 2, concrete=False)
+    assert 1.0e9 < count < 1.2e9, count  # TinyLlama's 1.1B
+    assert LLAMA_1B.layers == 22 and tensors == 12  # layer parameters stacked
+    text = fn.lower(*args).as_text()
+    assert "stablehlo.while" in text and "bf16" in text
+
+
+@pytest.mark.parametrize("form", ["captured", "dump"])
+def test_every_verb_works_on_both_forms(forms, form, tmp_path):
+    path = forms[form]
+    summary = run_cli("inspect", "--json", path)
+    assert summary.returncode == 0, summary.stderr[-1500:]
+    assert json.loads(summary.stdout)["partitioning"] == "one partition's program"
+    for name in BASELINES:
+        result = run_cli("simulate", path, "--cluster", "cpu-local", "--plan", name, "--json")
+        assert result.returncode == 0, (name, result.stderr[-1500:])
+    out = str(tmp_path / "out.hlo.pb")
+    result = run_cli(
+        "optimize", path, "--cluster", "cpu-local", "--max-evals", "30", "-o", out, "--json"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["measured"]["equal"]
+    applied = run_cli(
+        "apply", path, out + ".plan.json", "-o", str(tmp_path / "applied.hlo.pb"), "--json"
+    )
+    assert applied.returncode == 0, applied.stderr[-2000:]
+    verified = run_cli("verify", path, out, "--devices", "4", "--json")
+    assert verified.returncode == 0, verified.stderr[-2000:]
+    assert json.loads(verified.stdout)["equal"]
+
+
+def test_capture_from_the_cli_refuses_a_form_it_was_not_written_for(tmp_path):
+    result = run_cli("capture", "--model", "llama", "--mode", "pmap", "-o", str(tmp_path / "x"))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "--mode sharded" in result.stderr
+
+
+def test_disco_xla_jit_runs_it_optimised_and_bit_equal_to_jax(tmp_path):
+    # Built afresh: the module fixture's arrays are shared with other tests.
+    fn, args, _, _ = build_llama_step("tiny", devices=4, global_batch=8, fsdp=2)
+    optimized = disco_xla.jit(fn, cache_dir=str(tmp_path), max_evaluations=20, check_speed=False)
+    optimized(*args)
+    assert optimized.status() == ["optimized"], optimized.status()
+    got, expected = optimized(*args), fn(*args)
+    leaves = [jax.tree_util.tree_leaves(t) for t in (expected, got)]
+    assert all(a.sharding == b.sharding for a, b in zip(*leaves, strict=True))
+    verdict = compare_outputs(
+        [np.asarray(a) for a in leaves[0]], [np.asarray(b) for b in leaves[1]]
+    )
+    assert verdict.bit_equal, verdict
+
+
+def test_the_dump_directory_is_read_at_its_module_after_partitioning(forms):
+    names = os.listdir(forms["dump"])
+    assert any("after_spmd-partitioning" in n for n in names)
+    summary = json.loads(run_cli("inspect", "--json", forms["dump"]).stdout)
+    assert "after_spmd-partitioning" in summary["file"]
