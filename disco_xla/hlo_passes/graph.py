@@ -466,11 +466,15 @@ class HloModule:
 
     @cached_property
     def total_flops(self) -> int:
-        """FLOPs of one run of the program: entry and program computations (loop
-        bodies counted once); a fusion counts its fused computation; reducers passed
-        as `to_apply` are counted by the instruction that applies them."""
+        """FLOPs of one run of the program: entry and program computations, each
+        as often as it runs (a loop body once per trip: `trip_counts`); a fusion
+        counts its fused computation; reducers passed as `to_apply` are counted
+        by the instruction that applies them."""
+        from disco_xla.hlo_passes.trip_counts import executions
+
+        runs = executions(self)
         return sum(
-            instr.flops
+            instr.flops * runs.get(computation.name, 1)
             for computation in self.computations
             if computation.role in ("entry", "program")
             for instr in computation.instructions

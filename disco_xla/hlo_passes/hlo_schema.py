@@ -70,6 +70,8 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("iota_collective_device_list", 92, "IotaReplicaGroupListProto", False),
         # Groups as axes of a device mesh (XLA's SPMD partitioner writes these).
         ("mesh_axes_replica_group_list", 93, "MeshAxesReplicaGroupListProto", False),
+        ("backend_config", 43, "bytes", False),  # JSON: a while's known_trip_count
+        ("comparison_direction", 63, "string", False),  # "LT", "LE", ...
     ],
     "SliceDimensions": [
         ("start", 1, "int64", False),
@@ -91,6 +93,9 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
     "LiteralProto": [
         ("shape", 1, "ShapeProto", False),
         ("f32s", 8, "float", True),
+        ("s32s", 4, "int32", True),
+        ("s64s", 5, "int64", True),
+        ("u32s", 6, "int32", True),
     ],
     "LayoutProto": [("minor_to_major", 1, "int64", True)],
     "OpMetadata": [

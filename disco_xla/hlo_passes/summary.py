@@ -14,12 +14,16 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
     """Counts, all-reduces, FLOPs and bytes of a module.
 
     `bytes` estimates memory traffic: operands read plus results written, over
-    the instructions that run as program code (loop bodies once).
+    the instructions that run as program code, each as often as it runs (a loop
+    body once per trip, `trip_counts`).
     """
+    from disco_xla.hlo_passes.trip_counts import executions, loop_trip_counts
+
     all_reduces = module.all_reduces
     gradients = [a for a in all_reduces if a.is_gradient]
+    runs = executions(module)
     program = [
-        instr
+        (instr, runs.get(computation.name, 1))
         for computation in module.computations
         if computation.role in ("entry", "program")
         for instr in computation.instructions
@@ -43,7 +47,12 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
             for a in sorted(all_reduces, key=lambda a: (-a.bytes, a.name))[:largest]
         ],
         "flops": module.total_flops,
-        "bytes": sum(i.output_bytes + i.operand_bytes for i in program),
+        "bytes": sum((i.output_bytes + i.operand_bytes) * times for i, times in program),
+        # Each while loop's trip count and where it came from (`trip_counts`).
+        "loops": {
+            name: {"trip_count": trips.count, "source": trips.source}
+            for name, trips in sorted(loop_trip_counts(module).items())
+        },
         **module.device_counts(),
         # 'as written', 'one partition's program' (after XLA's SPMD partitioner),
         # or 'split by XLA's partitioner' (its all-reduces appear only after it).
@@ -74,6 +83,13 @@ def format_summary(summary: dict) -> str:
     for entry in summary["largest_all_reduces"]:
         kind = "gradient" if entry["gradient"] else "other"
         lines.append(f"  {entry['name']:<24} {entry['shape']:<24} {_si(entry['bytes'])}B  {kind}")
+    if summary["loops"]:
+        loops = ", ".join(
+            f"{name} x{loop['trip_count']}"
+            + (" (unknown: counted once)" if loop["source"] == "unknown" else "")
+            for name, loop in summary["loops"].items()
+        )
+        lines.append(f"loops         {loops}")
     opcodes = ", ".join(f"{op} {count}" for op, count in summary["opcodes"].items())
     lines.append(f"opcodes       {opcodes}")
     return "\n".join(lines)
