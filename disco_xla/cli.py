@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -870,6 +871,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("disco-xla: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`disco-xla inspect ... | head`): not our error.
+        # Point stdout at nothing so the interpreter's final flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as error:  # noqa: BLE001 - one line unless --verbose
         if args.verbose:
             traceback.print_exc()

@@ -23,8 +23,8 @@ Where the gain comes from here: XLA:CPU's combiner merges the gradients into one
 tuple all-reduce, which reduces its tensors one after another (each adds the
 profile's `tuple_all_reduce_element_s`); the plan's bucket concatenates them and
 reduces one buffer. Over gloo the tuple costs about as much as one all-reduce
-per tensor: on 4 processes, zoo resnet50 (tiny) took 217 ms a step with XLA's
-tuple and 215 ms with one all-reduce per gradient, and 17 ms with one bucket
+per tensor: on 4 processes, zoo resnet50 (tiny) took 268 ms a step with XLA's
+tuple, 241 ms with one all-reduce per gradient, and 16.7 ms with one bucket
 (`benchmarks/realised_speedup.py --processes 4`, BENCHMARKS.md). The plan keeps
 XLA's own fusion (its groups only split XLA's, and none pays off here), so the
 program differs from XLA's in its all-reduces alone.

@@ -108,3 +108,22 @@ def test_demo_captures_inspects_and_finds_every_gradient(tmp_path):
     assert "[0]    outputs against jax.jit's own program, on every rank: equal" in result.stdout
     assert "[0]    disco_xla.jit runs: " in result.stdout
     assert (tmp_path / "build" / "demo" / "mlp_step.hlo.pb").exists()
+
+
+def test_a_reader_that_stops_early_is_not_an_internal_error(module_files):
+    """`disco-xla inspect ... | head`: the reader has gone when we write."""
+    import os
+    import subprocess
+    import sys
+
+    command = os.path.join(os.path.dirname(sys.executable), "disco-xla")
+    child = subprocess.Popen(
+        [command, "inspect", module_files["jax_pmap_step"]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child.stdout.close()  # no reader: every write fails with a broken pipe
+    _, errors = child.communicate(timeout=120)
+    assert "internal error" not in errors and "Traceback" not in errors, errors
+    assert child.returncode == 141
