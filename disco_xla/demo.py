@@ -39,8 +39,9 @@ DEVICES = 4
 OUTPUT_DIR = os.path.join("build", "demo")
 
 
-def build_step():
-    """A data-parallel training step and its arguments, stacked for pmap."""
+def _mlp_training(mean_over_devices):
+    """(optimizer, train_step) of the demo's MLP regression: SGD with momentum,
+    `mean_over_devices` applied to each gradient and to the loss."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -55,9 +56,19 @@ def build_step():
 
     def train_step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        grads = jax.tree_util.tree_map(lambda g: jax.lax.pmean(g, "data"), grads)
+        grads = jax.tree_util.tree_map(mean_over_devices, grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, "data")
+        return optax.apply_updates(params, updates), opt_state, mean_over_devices(loss)
+
+    return optimizer, train_step
+
+
+def build_step():
+    """A data-parallel training step and its arguments, stacked for pmap."""
+    import jax
+    import jax.numpy as jnp
+
+    optimizer, train_step = _mlp_training(lambda x: jax.lax.pmean(x, "data"))
 
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     params = {
@@ -242,26 +253,14 @@ def build_sharded_step():
     sharded on a mesh of every process's devices, and its global arguments
     (each process holds its own rows of the batch)."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
-    import optax
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    optimizer = optax.sgd(learning_rate=0.01, momentum=0.9)
+    # The whole batch's step: XLA's partitioner writes the gradient all-reduces.
+    optimizer, train_step = _mlp_training(lambda x: x)
     mesh = Mesh(np.array(jax.devices()), ("data",))
     whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-
-    def loss_fn(params, batch):
-        inputs, targets = batch
-        hidden = jax.nn.relu(inputs @ params["hidden_w"] + params["hidden_b"])
-        predictions = hidden @ params["output_w"] + params["output_b"]
-        return jnp.mean((predictions - targets) ** 2)
-
-    def train_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
 
     rng = np.random.default_rng(0)
     params = {
