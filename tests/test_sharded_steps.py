@@ -241,3 +241,18 @@ def test_every_verb_works_on_a_step_with_a_while_and_a_conditional(tmp_path):
         [np.asarray(b) for b in jax.tree_util.tree_leaves(optimized(*args))],
     )
     assert verdict.equal, verdict
+
+
+def test_a_partitioned_module_that_cannot_run_as_replicas_is_one_line_and_exit_2(
+    captured, tmp_path
+):
+    module = load_module(captured)
+    first = next(i for i in module.instructions() if i.opcode == "all-reduce")
+    first.proto.channel_id = 0  # a cross-replica collective beside 2 partitions
+    module.rebuild()
+    path = str(tmp_path / "mixed.hlo.pb")
+    save_module(module, path)
+    result = run_cli("simulate", path, "--cluster", "cpu-local", "--plan", "xla")
+    assert result.returncode == 2, result.stderr[-1500:]
+    assert result.stderr.strip().count("\n") == 0
+    assert path in result.stderr and "unsupported:" in result.stderr

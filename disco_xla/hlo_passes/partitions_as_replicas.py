@@ -32,6 +32,7 @@ partitions is refused.
 
 from __future__ import annotations
 
+from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import COLLECTIVE_OPCODES, HloModule, device_groups
 
 NAME = "partitions-as-replicas"
@@ -43,8 +44,9 @@ _GLOBAL_ID_OPCODES = frozenset(
 )
 
 
-class NotPartitionedError(ValueError):
-    """The module is not one partition's program of an SPMD-partitioned step."""
+class NotPartitionedError(DiscoInputError):
+    """A partitioned module this pass cannot run as replicas: bad input, so the
+    CLI reports it in one line with exit code 2."""
 
 
 def _write_groups_out(instr) -> None:
@@ -55,7 +57,8 @@ def _write_groups_out(instr) -> None:
     groups = device_groups(instr.proto)
     if any(not isinstance(group[0], int) for group in groups if group):
         raise NotPartitionedError(
-            f"{instr.name}: device groups over parts of mesh axes are not supported"
+            instr.computation.module.source,
+            f"unsupported: {instr.name} has device groups over parts of mesh axes",
         )
     proto = instr.proto
     proto.ClearField("mesh_axes_replica_group_list")
@@ -72,15 +75,16 @@ def partitions_as_replicas(module: HloModule) -> bool:
     counts = module.device_counts()
     if counts["num_replicas"] > 1:
         raise NotPartitionedError(
-            f"{module.source}: {counts['num_replicas']} replicas of "
-            f"{counts['num_partitions']} partitions each cannot run as replicas alone"
+            module.source,
+            f"unsupported: {counts['num_replicas']} replicas of "
+            f"{counts['num_partitions']} partitions each cannot run as replicas alone",
         )
     for instr in module.instructions():
         proto = instr.proto
         if instr.opcode in COLLECTIVE_OPCODES and not proto.channel_id:
             raise NotPartitionedError(
-                f"{module.source}: {instr.name} is a cross-replica collective in a "
-                "partitioned module"
+                module.source,
+                f"unsupported: {instr.name} is a cross-replica collective in a partitioned module",
             )
         if instr.opcode in COLLECTIVE_OPCODES and proto.HasField("mesh_axes_replica_group_list"):
             _write_groups_out(instr)

@@ -113,15 +113,21 @@ def _results(stdout: str) -> dict[int, dict]:
     return found
 
 
-def test_two_ranks_agree_on_one_plan_and_train_like_one_process(tmp_path):
-    script = tmp_path / "step.py"
-    script.write_text(textwrap.dedent(_STEP))
+def _two_ranks(tmp_path, name: str, step: str) -> dict[int, dict]:
+    """Run the step script on 2 ranks; each rank's RESULT, by rank."""
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(step))
     result = run_cli(
         "launch", "-n", "2", "--timeout-s", "240", str(script), str(tmp_path), timeout_s=300
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     ranks = _results(result.stdout)
     assert sorted(ranks) == [0, 1]
+    return ranks
+
+
+def test_two_ranks_agree_on_one_plan_and_train_like_one_process(tmp_path):
+    ranks = _two_ranks(tmp_path, "step.py", _STEP)
     assert ranks[0]["status"] == ranks[1]["status"] == ["optimized"]
     assert ranks[0]["plan"] is not None and ranks[0]["plan"] == ranks[1]["plan"]
     for rank in ranks.values():
@@ -131,14 +137,7 @@ def test_two_ranks_agree_on_one_plan_and_train_like_one_process(tmp_path):
 def test_a_sharded_jit_step_is_optimized_on_two_ranks_and_trains_like_one_process(tmp_path):
     """The all-reduces exist only after SPMD partitioning: each rank captures the
     partitioned module, they agree on one plan, and run it as replicas."""
-    script = tmp_path / "sharded_step.py"
-    script.write_text(textwrap.dedent(_SHARDED_STEP))
-    result = run_cli(
-        "launch", "-n", "2", "--timeout-s", "240", str(script), str(tmp_path), timeout_s=300
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    ranks = _results(result.stdout)
-    assert sorted(ranks) == [0, 1]
+    ranks = _two_ranks(tmp_path, "sharded_step.py", _SHARDED_STEP)
     assert ranks[0]["status"] == ranks[1]["status"] == ["optimized"], ranks[0]["status"]
     plan = json.loads(ranks[0]["plan"])
     assert ranks[0]["plan"] == ranks[1]["plan"] and plan["all_reduce_buckets"]
