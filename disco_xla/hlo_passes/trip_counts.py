@@ -62,11 +62,19 @@ def executions(module: HloModule) -> dict[str, int]:
         for instr in computation.instructions:
             if instr.opcode not in ("while", "call", "conditional"):
                 continue
-            trips = trip_count(instr).count if instr.opcode == "while" else 1
             for callee in instr.called_computations:
-                times = trips + 1 if _is_condition(instr, callee) else trips
-                runs[callee.name] = runs.get(callee.name, 0) + count * times
+                runs[callee.name] = runs.get(callee.name, 0) + count * runs_per_call(instr, callee)
     return runs
+
+
+def runs_per_call(instr: Instruction, callee) -> int:
+    """How many times one run of the control instruction `instr` runs `callee`:
+    a loop body once per trip, the condition once more, a called computation or
+    a branch once."""
+    if instr.opcode != "while":
+        return 1
+    trips = trip_count(instr).count
+    return trips + 1 if _is_condition(instr, callee) else trips
 
 
 def _is_condition(instr: Instruction, callee) -> bool:

@@ -198,6 +198,8 @@ def simulate(
 ) -> SimulationResult:
     """Simulate one iteration. `ideal_compute_s` is C of T_ideal = max(C, A): the
     kernel time of XLA's fused module when the caller has it, else this plan's own.
+    A task inside a `while` body counts its duration times the loop's trips
+    (`TaskGraph.kernel_runs`), and so does its share of C and A.
     The iteration and T_ideal include the host's cost of the step, the profile's
     step_overhead_s + step_buffer_s · `step_buffers` (the step's argument and
     result buffers; 0 on profiles that do not measure it). Kernel times are
@@ -273,7 +275,10 @@ def _simulate(
         kernel_s = np.asarray(kernel_s, dtype=np.float64) * profile.kernel_time_scale
     # round() and np.rint both round half to even: the same integers as to_ps.
     kernel_ps = np.rint(np.asarray(kernel_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
+    kernel_ps = times_runs(kernel_ps, graph.kernel_runs)
     comm_task_ps, copy_ps = graph_communication_ps(graph, profile, comm_cost)
+    comm_task_ps = times_runs(comm_task_ps, graph.communication_runs)
+    copy_ps = times_runs(copy_ps, graph.communication_runs)
     # The host's cost of the step (dispatch to every worker, results handed back)
     # is counted before the devices start: every event moves by it (0 unless a
     # calibrated CPU profile measured it).
@@ -290,7 +295,10 @@ def _simulate(
         timeline = _Timeline(graph, finish, run_order=run_order, spans=events)
     iteration_ps, compute_ps, comm_ps, exposed_ps = busy_ps(events)
     iteration_ps = max(iteration_ps, step_ps)  # a step with no event still costs the host
-    gradient_bytes = sum(compress(map(itemgetter(1), graph.communications), graph.is_bucket))
+    sent_bytes = times_runs(
+        list(map(itemgetter(1), graph.communications)), graph.communication_runs
+    )
+    gradient_bytes = sum(compress(sent_bytes, graph.is_bucket))
     compute_bound = sum(kernel_ps) / PS_PER_S if ideal_compute_s is None else ideal_compute_s
     ideal = max(compute_bound, comm_cost(gradient_bytes, profile)) + step_ps / PS_PER_S
     iteration_s = iteration_ps / PS_PER_S
@@ -310,6 +318,15 @@ def _simulate(
         spans_ps=tuple(events),
         _timeline=timeline,
     )
+
+
+def times_runs(durations: list[int], runs: list[int]) -> list[int]:
+    """Each duration times its task's runs in one step (`TaskGraph.kernel_runs`;
+    a missing count is 1): a task in a loop body runs once, for all its trips."""
+    if not runs or all(count == 1 for count in runs):
+        return durations
+    runs = runs + [1] * (len(durations) - len(runs))
+    return [duration * count for duration, count in zip(durations, runs, strict=False)]
 
 
 def _after_host(events: list, finish: list, step_ps: int) -> tuple[list, list]:

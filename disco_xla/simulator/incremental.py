@@ -104,6 +104,7 @@ class KernelPart(NamedTuple):
     reads: frozenset[int]  # the all-reduce atoms it reads
     expensive: int  # dots and convolutions in it
     rank: int  # `ModuleIndex.kernel_rank`
+    runs: int  # how many times this instance runs in one step (`ModuleIndex.runs`)
 
 
 class CollectiveInfo(NamedTuple):
@@ -115,6 +116,7 @@ class CollectiveInfo(NamedTuple):
     producer_atoms: tuple[int, ...]  # compute atoms it reads
     reads: frozenset[int]  # all-reduce atoms it reads
     elements: tuple[int, ...]  # tensor sizes of a tuple all-reduce, else ()
+    runs: int  # how many times it runs in one step (`ModuleIndex.runs`)
 
 
 class GroupCosts:
@@ -171,6 +173,7 @@ class GroupCosts:
                         frozenset(s for atom in atoms for s in inputs[atom] if not is_compute[s]),
                         sum(is_expensive[a] for a in atoms),
                         index.kernel_rank(atoms),
+                        index.instance_runs(by_name[group[0]], key),
                     )
                 )
             found = self.parts[group] = tuple(parts)
@@ -210,8 +213,9 @@ class GroupCosts:
                         else:
                             reads.add(source)
                 elements = leaves if len(leaves) > 1 else ()
+                runs = sum(index.instance_runs(*index.atoms[atom]) for atom in atoms)
                 return CollectiveInfo(
-                    shape.bytes, atoms, tuple(producer_atoms), frozenset(reads), elements
+                    shape.bytes, atoms, tuple(producer_atoms), frozenset(reads), elements, runs
                 )
 
             gradient_info = {
@@ -301,6 +305,9 @@ class PlanState:
             duration += [known_ps.get(group)] * len(group_parts)
         if None in duration:  # groups not costed yet
             duration = self.costs.durations([self.groups[g] for g, _ in instances])
+        self.runs = [part.runs for part in parts]
+        if any(runs != 1 for runs in self.runs):  # kernels in loop bodies: every trip
+            duration = [d * runs for d, runs in zip(duration, self.runs, strict=True)]
         self.instances = instances
         self.kernel_of_atom = kernel_of_atom
         count = len(instances)
@@ -368,6 +375,7 @@ class PlanState:
                 producers,
                 found.reads,
                 found.elements,
+                found.runs,
             )
 
         self.gradient_info = {name: info(found) for name, found in gradient_info.items()}
@@ -474,7 +482,8 @@ class PlanState:
             costs = self._comm_cost_cache[key] = communication_ps(
                 size, len(bucket), self.profile, self.comm_cost, elements
             )
-        found = self._bucket_cache[bucket] = (costs[0], costs[1], producer)
+        runs = info[bucket[0]][6]
+        found = self._bucket_cache[bucket] = (costs[0] * runs, costs[1] * runs, producer)
         return found
 
     def _remapped_waits(self, task: int, bucket_of: dict[str, int], others_from: int) -> list[int]:
@@ -528,11 +537,12 @@ class PlanState:
                 costs = self._comm_cost_cache[key] = communication_ps(
                     size, len(members), self.profile, self.comm_cost, elements
                 )
-            self.comm_ps.append(costs[0])
-            self.copy_ps.append(costs[1])
+            runs = members[0][6]  # a bucket's gradients share their computation
+            self.comm_ps.append(costs[0] * runs)
+            self.copy_ps.append(costs[1] * runs)
             self.stream.append(number % streams if is_bucket else streams)
             if len(members) == 1:
-                _, _, producer_atoms, producers, reads, _ = members[0]
+                _, _, producer_atoms, producers, reads, _, _ = members[0]
             else:
                 producer_atoms = [a for m in members for a in m[2]]
                 producers = set().union(*(m[3] for m in members))
@@ -884,7 +894,11 @@ class PlanState:
             if len(window) != count - len(removed) + len(new_ids) - start:
                 return None  # a cycle: not a legal plan
         # The new kernels' durations, once the change is known to be evaluated.
-        duration = dict(zip(new_ids, self.costs.durations(groups), strict=True))
+        runs = self.runs[removed[0]]  # a fused or split kernel is in one instance
+        duration = {
+            kernel: ps * runs
+            for kernel, ps in zip(new_ids, self.costs.durations(groups), strict=True)
+        }
         return _Child(
             change,
             removed,

@@ -35,6 +35,7 @@ from functools import cached_property
 import numpy as np
 
 from disco_xla.hlo_passes.graph import ALL_REDUCE_OPCODES, HloModule, Instruction
+from disco_xla.hlo_passes.trip_counts import runs_per_call
 from disco_xla.plan import EXPENSIVE_OPCODES, NOT_FUSIBLE_OPCODES, Plan
 
 CONTROL_CALLS = frozenset({"call", "while", "conditional"})
@@ -129,6 +130,12 @@ class TaskGraph:
     # True when each collective runs in line with the kernels: the compute stream
     # waits for it to finish, as under XLA:GPU without its latency-hiding scheduler.
     collectives_block_compute: bool = False
+    # How many times each kernel and each communication task runs in one step:
+    # more than once inside a `while` body (`ModuleIndex.runs`). The simulator
+    # runs such a task once, for its count times its duration. Missing entries
+    # mean once.
+    kernel_runs: list[int] = field(default_factory=list)
+    communication_runs: list[int] = field(default_factory=list)
 
     def tuple_elements(self, communication: int) -> tuple[int, ...]:
         """The tensor sizes of communication task `communication` if it is a tuple
@@ -201,6 +208,7 @@ class ModuleIndex:
         self.instances: dict[str, list[CallKey]] = {}
         self._parents: dict[tuple[str, CallKey], list[tuple[Instruction, CallKey]]] = {}
         self._enumerate_instances()
+        self.runs = self._instance_runs()
         self.position: dict[int, int] = {}
         counter = 0
         for computation in module.computations:
@@ -248,6 +256,50 @@ class ModuleIndex:
                 self.instances[computation.name] = [()]
         for keys in self.instances.values():
             keys.sort()
+
+    def _instance_runs(self) -> dict[tuple[str, CallKey], int]:
+        """How many times each instance of a computation runs in one step: the
+        sum over its call sites of the caller's runs times the runs per call
+        (`trip_counts.runs_per_call`: a loop body once per trip; 0 for a loop
+        known never to run)."""
+        runs: dict[tuple[str, CallKey], int] = {(self.module.entry.name, ()): 1}
+        parents = self._parents
+
+        def count(instance: tuple[str, CallKey]) -> int:
+            found = runs.get(instance)
+            if found is None:
+                runs[instance] = 0  # guards against a cycle through calls
+                callers = parents.get(instance)
+                found = 0 if callers else 1  # a computation nothing calls counts once
+                for instr, parent_key in callers or ():
+                    callee = next(c for c in instr.called_computations if c.name == instance[0])
+                    found += count((instr.computation.name, parent_key)) * runs_per_call(
+                        instr, callee
+                    )
+                runs[instance] = found
+            return found
+
+        for name, keys in self.instances.items():
+            for key in keys:
+                count((name, key))
+        return runs
+
+    def instance_runs(self, instr: Instruction, key: CallKey) -> int:
+        """How many times `instr`, in the instance `key` of its computation, runs
+        in one step."""
+        return self.runs.get((instr.computation.name, key), 1)
+
+    def name_runs(self, name: str) -> int:
+        """How many times the instruction `name` runs in one step, over all the
+        instances of its computation."""
+        atoms = self.atoms_of_name.get(name)
+        if not atoms:
+            instr = self.by_name[name]
+            return sum(
+                self.instance_runs(instr, key)
+                for key in self.instances.get(instr.computation.name, [()])
+            )
+        return sum(self.instance_runs(*self.atoms[a]) for a in atoms)
 
     def _sources(self, instr: Instruction, key: CallKey) -> list[tuple[Instruction, CallKey]]:
         """What `instr` (in the instance `key` of its computation) reads."""
@@ -540,11 +592,13 @@ def build_task_graph(
     communications: list[tuple[str, int, tuple[str, ...]]] = []
     is_bucket: list[bool] = []
     tuple_element_bytes: list[tuple[int, ...]] = []
+    communication_runs: list[int] = []
     for bucket in plan.all_reduce_buckets:
         task = kernel_count + len(communications)
         for name in bucket:
             for atom in index.atoms_of_name[name]:
                 task_of_atom[atom] = task
+        communication_runs.append(index.name_runs(bucket[0]))
         label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
         communications.append((label, sum(by_name[n].shape.bytes for n in bucket), tuple(bucket)))
         is_bucket.append(True)
@@ -556,6 +610,7 @@ def build_task_graph(
             task_of_atom[atom] = kernel_count + len(communications)
             label = instr.name + (f"@{key[-1]}" if key else "")
             communications.append((label, instr.shape.bytes, (instr.name,)))
+            communication_runs.append(index.instance_runs(instr, key))
             is_bucket.append(False)
             elements = [leaf.bytes for leaf in instr.shape.leaves()]
             tuple_element_bytes.append(tuple(elements) if len(elements) > 1 else ())
@@ -587,12 +642,13 @@ def build_task_graph(
     order = kernel_order(priority, order_preds)
     renumber = {old: new for new, old in enumerate(order)}
     renumber.update({t: t for t in range(kernel_count, len(dependencies))})
-    kernels = []
+    kernels, kernel_runs = [], []
     for old in order:
         group, key = instances[old]
         members = [by_name[n] for n in plan.fusion_groups[group]]
         label = members[0].name + (f"@{key[-1]}" if key else "")
         kernels.append(kernel_for(members, label, index))
+        kernel_runs.append(index.instance_runs(members[0], key))
     ordered_dependencies = [sorted(renumber[d] for d in dependencies[old]) for old in order]
     ordered_dependencies += [
         sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
@@ -604,4 +660,6 @@ def build_task_graph(
         is_bucket,
         tuple_element_bytes,
         collectives_block_compute,
+        kernel_runs,
+        communication_runs,
     )
