@@ -287,6 +287,13 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _others(count: int) -> str:
+    """' and N other collectives' when there are any."""
+    if not count:
+        return ""
+    return f" and {count} other collective{'s' if count != 1 else ''}"
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from disco_xla.plan import Plan, verify_plan
     from disco_xla.search.baselines import BASELINES, baseline
@@ -354,7 +361,8 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     print(f"  compute busy   {result.compute_s * milli:.3f} ms in {result.kernels} kernels")
     print(
-        f"  comm busy      {result.comm_s * milli:.3f} ms in {result.buckets} buckets, "
+        f"  comm busy      {result.comm_s * milli:.3f} ms in {result.buckets} buckets"
+        f"{_others(result.collectives - result.buckets)}, "
         f"{result.exposed_comm_s * milli:.3f} ms exposed ({result.overlap_ratio:.0%} overlapped)"
     )
     print(f"  critical path  {' -> '.join(result.critical_path[-6:])}")

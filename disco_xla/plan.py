@@ -15,7 +15,12 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import ALL_REDUCE_OPCODES, HloModule, Instruction
+from disco_xla.hlo_passes.graph import (
+    COLLECTIVE_DONE_OPCODES,
+    COLLECTIVE_OPCODES,
+    HloModule,
+    Instruction,
+)
 
 PLAN_FORMAT = "disco-xla-plan/1"
 
@@ -34,10 +39,6 @@ NOT_FUSIBLE_OPCODES = frozenset(
         "while",
         "conditional",
         "custom-call",
-        "all-gather",
-        "all-to-all",
-        "reduce-scatter",
-        "collective-permute",
         "partition-id",
         "replica-id",
         "opt-barrier",
@@ -48,7 +49,8 @@ NOT_FUSIBLE_OPCODES = frozenset(
         "recv",
         "recv-done",
     }
-    | ALL_REDUCE_OPCODES
+    | COLLECTIVE_OPCODES
+    | COLLECTIVE_DONE_OPCODES
 )
 # Ops that become a library call or a large loop nest; one per kernel by default.
 EXPENSIVE_OPCODES = frozenset({"dot", "convolution"})

@@ -31,6 +31,35 @@ COLLECTIVE_OPCODES = ALL_REDUCE_OPCODES | frozenset(
     """all-gather all-gather-start reduce-scatter all-to-all collective-permute
     collective-permute-start collective-broadcast ragged-all-to-all""".split()
 )
+# The second half of an asynchronous collective: it waits for its start and hands
+# on the result, and costs nothing of its own (the start carries the transfer).
+COLLECTIVE_DONE_OPCODES = frozenset(
+    {"all-reduce-done", "all-gather-done", "collective-permute-done"}
+)
+
+
+def collective_kind(instr: Instruction) -> str:
+    """What a collective instruction does, whether written in one piece or as an
+    asynchronous start: 'all-reduce', 'all-gather', 'reduce-scatter',
+    'all-to-all', 'collective-permute' or 'collective-broadcast'."""
+    opcode = instr.opcode.removesuffix("-start")
+    return "all-to-all" if opcode == "ragged-all-to-all" else opcode
+
+
+def collective_bytes(instr: Instruction) -> int:
+    """The size of the whole buffer a collective moves, which the communication
+    model reads: the result of an all-reduce, all-gather, all-to-all or permute,
+    the operand of a reduce-scatter (the larger of operand and result). The
+    result of an asynchronous start other than all-reduce's is a tuple of its
+    operands, its results and scratch values: element 1 is the result."""
+    operand_bytes = sum(operand.shape.bytes for operand in instr.operands)
+    shape = instr.shape
+    if instr.opcode.endswith("-start") and instr.opcode != "all-reduce-start":
+        if shape.is_tuple and len(shape.tuple_shapes) >= 2:
+            shape = shape.tuple_shapes[1]
+    return max(operand_bytes, shape.bytes)
+
+
 # One FLOP per output element.
 ELEMENTWISE_OPCODES = frozenset(
     """abs add atan2 and cbrt ceil clamp compare cosine divide erf exponential

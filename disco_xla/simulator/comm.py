@@ -11,6 +11,17 @@
 
 A flat ring over several nodes runs at the slowest link's speed.
 
+The other collectives are costed from the all-reduce model of the same buffer
+(S bytes, the whole unsharded tensor; `graph.collective_bytes`), by the ring
+formulas' ratios, so that a calibrated all-reduce calibrates them too:
+- all-gather and reduce-scatter are each one half of a ring all-reduce,
+  (p-1)·alpha + (p-1)/p · S/B: half the all-reduce time;
+- all-to-all sends (p-1)/p of the buffer from every device: half as well;
+- collective-permute and collective-broadcast send the whole buffer once,
+  alpha + S/B on a ring: the all-reduce time · p / (2(p-1)), which matches the
+  bandwidth term exactly and puts p·alpha for the latency.
+Every collective spans the profile's workers, as the all-reduce does.
+
 A one-node profile calibrated on this machine carries the measured times
 themselves (`ClusterProfile.all_reduce_points`); there the time is read off them
 instead of the formula, because neither runtime here follows the two-parameter
@@ -93,3 +104,29 @@ def all_reduce_s(size_bytes: float, profile: ClusterProfile) -> float:
         link = Link(link.bandwidth_bytes_per_s / per_node, link.latency_s)
     across = ring_all_reduce_s(size_bytes / per_node, nodes, link)
     return inside + across
+
+
+# The share of an all-reduce's time each collective takes on the same buffer, as
+# a function of the worker count (see the module's docstring).
+_SHARE_OF_ALL_REDUCE: dict[str, Callable[[int], float]] = {
+    "all-reduce": lambda workers: 1.0,
+    "all-gather": lambda workers: 0.5,
+    "reduce-scatter": lambda workers: 0.5,
+    "all-to-all": lambda workers: 0.5,
+    "collective-permute": lambda workers: workers / (2 * (workers - 1)),
+    "collective-broadcast": lambda workers: workers / (2 * (workers - 1)),
+}
+COLLECTIVE_KINDS = tuple(_SHARE_OF_ALL_REDUCE)
+
+
+def collective_s(
+    kind: str, size_bytes: float, profile: ClusterProfile, all_reduce: CommCostFn = all_reduce_s
+) -> float:
+    """The time of collective `kind` (`graph.collective_kind`) on a buffer of
+    `size_bytes`, from the all-reduce model `all_reduce` by the ring ratios."""
+    if size_bytes <= 0 or profile.workers <= 1:
+        return 0.0
+    seconds = all_reduce(size_bytes, profile)
+    if kind == "all-reduce":
+        return seconds
+    return seconds * _SHARE_OF_ALL_REDUCE[kind](profile.workers)

@@ -8,7 +8,8 @@ Two execution models, chosen by the profile:
   an all-reduce result waits for its bucket. A bucket of several gradients costs
   a concatenation copy before it and a split copy after it on the compute stream
   (memory-bound: bytes read and written at memory bandwidth). Collectives that are
-  not gradient buckets (a loss mean) run on a stream of their own. When the task
+  not gradient buckets (a loss mean, an all-gather of FSDP parameters, any
+  other kind: `comm.collective_s`) run on a stream of their own. When the task
   graph says collectives block compute (XLA:GPU without its latency-hiding
   scheduler), each collective runs as soon as it is ready, and the compute stream
   waits for it.
@@ -38,19 +39,21 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco_xla.simulator.comm import CommCostFn, all_reduce_s
+from disco_xla.simulator.comm import CommCostFn, all_reduce_s, collective_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.kernels import TaskGraph
 from disco_xla.simulator.profiles import ClusterProfile
 
 PS_PER_S = 10**12  # the simulator counts integer picoseconds
-ALL_REDUCE = "all-reduce"  # the kind of a collective's event
+ALL_REDUCE = "all-reduce"  # the kind of a gradient bucket's event
+# Events of these kinds are compute; any other kind names a collective.
+COMPUTE_KINDS = frozenset({"kernel", "copy"})
 
 
 class Event(NamedTuple):
     name: str
     lane: str  # 'compute', 'comm 0', 'thread 1', ...
-    kind: str  # 'kernel', 'all-reduce', 'copy'
+    kind: str  # 'kernel', 'copy', or the collective's kind ('all-reduce', 'all-gather', ...)
     start_s: float
     end_s: float
 
@@ -228,8 +231,10 @@ def communication_ps(
     profile: ClusterProfile,
     comm_cost: CommCostFn,
     tuple_element_bytes: tuple[int, ...] = (),
+    kind: str = ALL_REDUCE,
 ) -> tuple[int, int]:
-    """(all-reduce, one copy) of a communication task, in picoseconds. A bucket of
+    """(transfer, one copy) of a communication task, in picoseconds: collective
+    `kind` (`comm.collective_s`) of `size_bytes`. A bucket of
     several gradients sent as one message pays a concatenation before and a split
     after, each reading and writing its bytes at memory bandwidth, plus a launch.
     A tuple all-reduce (`tuple_element_bytes`, one size per tensor) copies
@@ -237,28 +242,29 @@ def communication_ps(
     after the first: XLA:CPU sends them one after another."""
     if tuple_element_bytes:
         extra_s = (len(tuple_element_bytes) - 1) * profile.tuple_all_reduce_element_s
-        return to_ps(comm_cost(size_bytes, profile) + extra_s), 0
+        return to_ps(collective_s(kind, size_bytes, profile, comm_cost) + extra_s), 0
     copy_s = (
         2 * size_bytes / profile.memory_bandwidth_bytes_per_s + profile.kernel_launch_s
         if members > 1
         else 0.0
     )
-    return to_ps(comm_cost(size_bytes, profile)), to_ps(copy_s)
+    return to_ps(collective_s(kind, size_bytes, profile, comm_cost)), to_ps(copy_s)
 
 
 def graph_communication_ps(
     graph: TaskGraph, profile: ClusterProfile, comm_cost: CommCostFn
 ) -> tuple[list[int], list[int]]:
-    """`communication_ps` of every communication task of `graph`: (all-reduce
+    """`communication_ps` of every communication task of `graph`: (transfer
     times, copy times). The cost depends only on (bytes, several members or one,
-    tuple element sizes), so it is computed once per distinct such key."""
+    tuple element sizes, kind), so it is computed once per distinct such key."""
     communications = graph.communications
     elements = graph.tuple_element_bytes[: len(communications)]
     elements = elements + [()] * (len(communications) - len(elements))
     several = map((1).__lt__, map(len, map(itemgetter(2), communications)))
-    keys = list(zip(map(itemgetter(1), communications), several, elements, strict=True))
+    kinds = list(map(graph.communication_kind, range(len(communications))))
+    keys = list(zip(map(itemgetter(1), communications), several, elements, kinds, strict=True))
     costs = {
-        key: communication_ps(key[0], 2 if key[1] else 1, profile, comm_cost, key[2])
+        key: communication_ps(key[0], 2 if key[1] else 1, profile, comm_cost, key[2], key[3])
         for key in dict.fromkeys(keys)
     }
     found = list(map(costs.__getitem__, keys))
@@ -356,7 +362,9 @@ def busy_ps(spans_ps) -> tuple[int, int, int, int]:
     dtype = np.int64 if last_end < 2**62 // (len(ends) + 1) else object
     start = np.array(starts, dtype=dtype)
     end = np.array(ends, dtype=dtype)
-    is_comm = np.fromiter(map(ALL_REDUCE.__eq__, kinds), dtype=bool, count=len(kinds))
+    is_comm = np.fromiter(
+        (kind not in COMPUTE_KINDS for kind in kinds), dtype=bool, count=len(kinds)
+    )
     duration = end - start
     comm_ps = int(duration[is_comm].sum())
     compute_ps = int(duration.sum()) - comm_ps
@@ -405,6 +413,7 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
     split_done: set[int] = set()
     names = list(map(attrgetter("name"), graph.kernels))
     comm_names = [name for name, _, _ in graph.communications]
+    comm_kinds = list(map(graph.communication_kind, range(comms)))
     blocking = graph.collectives_block_compute
 
     def run_concats(after: int) -> None:
@@ -419,9 +428,15 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
     for bucket in is_bucket:
         stream_of.append(bucket_index % streams if bucket else streams)
         bucket_index += bucket
-    # Communication tasks start in order and get their finish time when they
-    # start: task d has one exactly when d < kernels + next_comm. Inputs are
-    # sorted, so the last one tells whether all have.
+    # Communication tasks start in `issue_order` and get their finish time when
+    # they start: task d has one exactly when its place in that order is below
+    # next_comm. The latest place among a task's inputs tells whether all have.
+    issue = issue_order(last_producer, comm_waits_on_index(graph), sum(is_bucket))
+    place = [0] * comms
+    for number, c in enumerate(issue):
+        place[c] = number
+    kernel_waits_upto = [max((place[d - kernels] for d in w), default=-1) for w in kernel_waits_on]
+    comm_reads_upto = [max((place[d - kernels] for d in r), default=-1) for r in comm_waits_on]
     run_concats(-1)
     next_kernel = next_comm = 0
     while next_kernel < kernels or next_comm < comms:
@@ -431,7 +446,7 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
             # Kernels before this one on the in-order stream ended by compute_free:
             # only the communication it reads can make it wait.
             if waits:
-                if waits[-1] >= kernels + next_comm:
+                if kernel_waits_upto[next_kernel] >= next_comm:
                     break
                 for dep in waits:  # split the buckets this kernel reads
                     c = dep - kernels
@@ -459,24 +474,24 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
             next_kernel += 1
             if blocking:  # issue the collectives this kernel made ready first
                 break
-        while next_comm < comms and last_producer[next_comm] < next_kernel:
-            task = kernels + next_comm
-            reads = comm_waits_on[next_comm]
-            if reads and reads[-1] >= task:
+        while next_comm < comms and last_producer[issue[next_comm]] < next_kernel:
+            c = issue[next_comm]
+            task = kernels + c
+            if comm_reads_upto[c] >= next_comm:
                 break
-            stream = stream_of[next_comm]
+            stream = stream_of[c]
             start, who = comm_free[stream], last_on_stream[stream]
-            if next_comm in concat_end and concat_end[next_comm] > start:
-                start = concat_end[next_comm]
+            if c in concat_end and concat_end[c] > start:
+                start = concat_end[c]
             if blocking and compute_free > start:
                 start, who = compute_free, last_compute
             for dep in dependencies[task]:
                 if finish[dep] > start:
                     start, who = finish[dep], dep
-            end = start + comm_task_s[next_comm]
+            end = start + comm_task_s[c]
             finish[task] = end
             bound[task] = who
-            append((comm_names[next_comm], lanes[stream], ALL_REDUCE, start, end))
+            append((comm_names[c], lanes[stream], comm_kinds[c], start, end))
             comm_free[stream], last_on_stream[stream] = end, task
             if blocking:
                 compute_free, last_compute = end, task
@@ -484,6 +499,63 @@ def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
         if next_kernel + next_comm == before:
             raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
     return events, finish, bound
+
+
+def comm_waits_on_index(graph: TaskGraph) -> list[list[int]]:
+    """For each communication task, the communication tasks it reads, numbered
+    from 0 (as `streams_iteration_ps` takes them)."""
+    kernels = len(graph.kernels)
+    return [[d - kernels for d in reads] for reads in graph.comm_waits_on]
+
+
+def issue_order(
+    last_producer: list[int], comm_waits: list[list[int]], bucket_count: int
+) -> list[int]:
+    """The order in which the `gpu-streams` model issues communication tasks
+    (tasks 0..bucket_count-1 are the plan's buckets, the rest other collectives):
+    buckets in plan order, the others by when they can start, merged. A task can
+    start after its last producing kernel and the tasks it reads: its readiness
+    is the larger of those positions, and its depth counts the tasks it reads in
+    a chain. Others go by (readiness, depth); the merge takes the other first when
+    it ranks lower than the next bucket, so no kernel waits for a collective that
+    sits behind one it has not yet produced the inputs of (an all-gather of the
+    forward pass before the gradient buckets, a psum the gradients read)."""
+    count = len(last_producer)
+    ready: list[int | None] = [None] * count
+    depth = [0] * count
+    for root in range(count):
+        stack = [root]
+        while stack:
+            c = stack[-1]
+            if ready[c] is not None:
+                stack.pop()
+                continue
+            pending = [d for d in comm_waits[c] if ready[d] is None and d not in stack]
+            if pending:
+                stack.extend(pending)
+                continue
+            known = [d for d in comm_waits[c] if ready[d] is not None]
+            ready[c] = max([last_producer[c]] + [ready[d] for d in known])
+            depth[c] = 1 + max((depth[d] for d in known), default=-1)
+            stack.pop()
+    others = sorted(range(bucket_count, count), key=lambda c: (ready[c], depth[c], c))
+    if not others or bucket_count == 0:
+        return list(range(bucket_count)) + others
+    order, next_other = [], 0
+    for bucket in range(bucket_count):
+        key = (ready[bucket], depth[bucket])
+        while (
+            next_other < len(others)
+            and (
+                ready[others[next_other]],
+                depth[others[next_other]],
+            )
+            < key
+        ):
+            order.append(others[next_other])
+            next_other += 1
+        order.append(bucket)
+    return order + others[next_other:]
 
 
 def _ranks(graph: TaskGraph) -> np.ndarray:
@@ -516,7 +588,7 @@ def _thread_tasks(graph, kernel_ps, comm_task_ps, copy_ps):
             users[dep].append(task)
     rank = _ranks(graph).tolist()
     names = list(map(attrgetter("name"), graph.kernels)) + [c[0] for c in graph.communications]
-    kinds = ["kernel"] * kernels + [ALL_REDUCE] * comms
+    kinds = ["kernel"] * kernels + list(map(graph.communication_kind, range(comms)))
     ready = [rank[t] for t in range(total) if waiting[t] == 0]
     heapq.heapify(ready)
     return total, duration, users, waiting, rank, names, kinds, ready
@@ -600,7 +672,7 @@ def _run_one_thread(graph, kernel_ps, comm_task_ps, copy_ps, profile):
     starts = [0] + ends[:-1]
     finish = list(map(ends.__getitem__, place))
     names = list(map(attrgetter("name"), graph.kernels)) + [c[0] for c in graph.communications]
-    kinds = ["kernel"] * kernels + [ALL_REDUCE] * comms
+    kinds = ["kernel"] * kernels + list(map(graph.communication_kind, range(comms)))
     events = list(
         zip(
             map(names.__getitem__, run_order),
@@ -658,14 +730,16 @@ def graph_iteration_ps(
     graph: TaskGraph, profile: ClusterProfile, kernel_ps: list[int], comm_cost: CommCostFn
 ) -> int:
     """`streams_iteration_ps` of a whole task graph (the `gpu-streams` model, with
-    collectives beside compute)."""
+    collectives beside compute), from one run's `kernel_ps` of each kernel."""
     if graph.collectives_block_compute:
         raise ValueError("graph_iteration_ps models collectives beside compute only")
     kernels = len(graph.kernels)
     prefix = [0]
-    for duration in kernel_ps:
+    for duration in times_runs(kernel_ps, graph.kernel_runs):
         prefix.append(prefix[-1] + duration)
     comm_ps, copy_ps = graph_communication_ps(graph, profile, comm_cost)
+    comm_ps = times_runs(comm_ps, graph.communication_runs)
+    copy_ps = times_runs(copy_ps, graph.communication_runs)
     streams = max(1, profile.communication_streams)
     stream = []
     bucket_index = 0
@@ -675,7 +749,6 @@ def graph_iteration_ps(
     waits = {
         k: [c - kernels for c in reads] for k, reads in enumerate(graph.kernel_waits_on) if reads
     }
-    comm_waits = [[c - kernels for c in reads] for reads in graph.comm_waits_on]
     return streams_iteration_ps(
         kernels,
         lambda positions: [prefix[p] for p in positions],
@@ -684,7 +757,8 @@ def graph_iteration_ps(
         copy_ps,
         stream,
         graph.last_producer,
-        comm_waits,
+        comm_waits_on_index(graph),
+        sum(graph.is_bucket),
     )
 
 
@@ -697,6 +771,7 @@ def streams_iteration_ps(
     comm_stream: list[int],
     last_producer: list[int],
     comm_waits: list[list[int]],
+    bucket_count: int | None = None,
 ) -> int:
     """The iteration time of the `gpu-streams` model, without the events: the same
     arithmetic as the full simulation, visiting only the kernels where something
@@ -706,11 +781,25 @@ def streams_iteration_ps(
     kernels at positions below i;
     `waits[i]` the communication tasks (ascending) the kernel at position i reads;
     per communication task: its transfer and copy times, its stream, the position
-    of its last producing kernel (-1: none) and the communication tasks it reads.
+    of its last producing kernel (-1: none) and the communication tasks it reads;
+    tasks from `bucket_count` on are other collectives (None: there are none).
+    The tasks are first renumbered in `issue_order`, the full simulation's.
     Between two such kernels the compute stream runs back to back, so its clock
     advances by a difference of prefix sums. Raises RuntimeError where the full
     simulation cannot make progress."""
     comms = len(comm_ps)
+    if bucket_count is not None and bucket_count < comms:
+        order = issue_order(last_producer, comm_waits, bucket_count)
+        if order != list(range(comms)):
+            place = [0] * comms
+            for number, c in enumerate(order):
+                place[c] = number
+            comm_ps = [comm_ps[c] for c in order]
+            copy_ps = [copy_ps[c] for c in order]
+            comm_stream = [comm_stream[c] for c in order]
+            last_producer = [last_producer[c] for c in order]
+            comm_waits = [sorted(place[d] for d in comm_waits[c]) for c in order]
+            waits = {k: sorted(place[c] for c in read) for k, read in waits.items()}
     finish = [0] * comms
     concat_end: dict[int, int] = {}
     produced_at: dict[int, int] = {}  # position -> end of that kernel
@@ -837,10 +926,10 @@ def plot_gantt(results: dict[str, SimulationResult], path: str) -> None:
                 for e in result.events
                 if e.lane == lane
             ]
-            for kind in colours:
+            for kind in dict.fromkeys(k for _, _, k in spans):
                 chosen = [(s, d) for s, d, k in spans if k == kind]
-                if chosen:
-                    axis.broken_barh(chosen, (row - 0.4, 0.8), facecolors=colours[kind], label=kind)
+                colour = colours.get(kind, "#b279a2")  # another collective
+                axis.broken_barh(chosen, (row - 0.4, 0.8), facecolors=colour, label=kind)
         axis.set_yticks(range(len(lanes)), lanes)
         axis.set_title(
             f"{title}: {result.iteration_s * 1e3:.3f} ms, T/T_ideal {result.t_over_ideal:.2f}"

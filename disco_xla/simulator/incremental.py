@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo_passes.graph import HloModule, collective_bytes, collective_kind
 from disco_xla.plan import (
     Plan,
     bucket_kinds,
@@ -117,6 +117,7 @@ class CollectiveInfo(NamedTuple):
     reads: frozenset[int]  # all-reduce atoms it reads
     elements: tuple[int, ...]  # tensor sizes of a tuple all-reduce, else ()
     runs: int  # how many times it runs in one step (`ModuleIndex.runs`)
+    kind: str  # `graph.collective_kind`
 
 
 class GroupCosts:
@@ -201,10 +202,10 @@ class GroupCosts:
                 if not compute and index.atoms[atom][0].name not in gradients
             ]
 
-            def info(atoms, shape) -> CollectiveInfo:
+            def info(atoms, instr) -> CollectiveInfo:
                 # The last field: the tensor sizes when the instruction is a tuple
                 # all-reduce (see `build_task_graph`), else ().
-                leaves = tuple(leaf.bytes for leaf in shape.leaves())
+                leaves = tuple(leaf.bytes for leaf in instr.shape.leaves())
                 producer_atoms, reads = [], set()
                 for atom in atoms:
                     for source in index.inputs[atom]:
@@ -215,14 +216,19 @@ class GroupCosts:
                 elements = leaves if len(leaves) > 1 else ()
                 runs = sum(index.instance_runs(*index.atoms[atom]) for atom in atoms)
                 return CollectiveInfo(
-                    shape.bytes, atoms, tuple(producer_atoms), frozenset(reads), elements, runs
+                    collective_bytes(instr),
+                    atoms,
+                    tuple(producer_atoms),
+                    frozenset(reads),
+                    elements,
+                    runs,
+                    collective_kind(instr),
                 )
 
             gradient_info = {
-                name: info(index.atoms_of_name[name], index.by_name[name].shape)
-                for name in gradients
+                name: info(index.atoms_of_name[name], index.by_name[name]) for name in gradients
             }
-            other_info = [info([a], index.atoms[a][0].shape) for a in others]
+            other_info = [info([a], index.atoms[a][0]) for a in others]
             name_of = {
                 a: index.atoms[a][0].name
                 for a in range(len(index.atoms))
@@ -347,7 +353,7 @@ class PlanState:
         self.max_pred_position = np.array(
             [max(map(pos.__getitem__, preds[k]), default=-1) for k in self.order]
         )
-        self._comm_cost_cache: dict[tuple[int, bool], tuple[int, int]] = {}
+        self._comm_cost_cache: dict[tuple, tuple[int, int]] = {}
         self._merged_cache: dict[tuple[int, int], tuple[str, ...]] = {}
         self._bucket_cache: dict[tuple[str, ...], tuple[int, int, int]] = {}
         self._collective_info()
@@ -376,6 +382,7 @@ class PlanState:
                 found.reads,
                 found.elements,
                 found.runs,
+                found.kind,
             )
 
         self.gradient_info = {name: info(found) for name, found in gradient_info.items()}
@@ -468,6 +475,7 @@ class PlanState:
             stream,
             last,
             comm_waits,
+            len(buckets),
         )
 
     def _bucket_costs(self, bucket: tuple[str, ...]) -> tuple[int, int, int]:
@@ -476,7 +484,7 @@ class PlanState:
         size = sum(info[name][0] for name in bucket)
         producer = max(self.gradient_last[name] for name in bucket)
         elements = info[bucket[0]][5] if len(bucket) == 1 else ()
-        key = (size, len(bucket) > 1, elements)
+        key = (size, len(bucket) > 1, elements, "all-reduce")
         costs = self._comm_cost_cache.get(key)
         if costs is None:
             costs = self._comm_cost_cache[key] = communication_ps(
@@ -531,18 +539,19 @@ class PlanState:
             is_bucket = number < len(buckets)
             size = sum(m[0] for m in members)
             elements = members[0][5] if len(members) == 1 else ()
-            key = (size, len(members) > 1, elements)
+            kind = members[0][7]  # a bucket is an all-reduce of gradients
+            key = (size, len(members) > 1, elements, kind)
             costs = self._comm_cost_cache.get(key)
             if costs is None:
                 costs = self._comm_cost_cache[key] = communication_ps(
-                    size, len(members), self.profile, self.comm_cost, elements
+                    size, len(members), self.profile, self.comm_cost, elements, kind
                 )
             runs = members[0][6]  # a bucket's gradients share their computation
             self.comm_ps.append(costs[0] * runs)
             self.copy_ps.append(costs[1] * runs)
             self.stream.append(number % streams if is_bucket else streams)
             if len(members) == 1:
-                _, _, producer_atoms, producers, reads, _, _ = members[0]
+                _, _, producer_atoms, producers, reads, _, _, _ = members[0]
             else:
                 producer_atoms = [a for m in members for a in m[2]]
                 producers = set().union(*(m[3] for m in members))
@@ -608,6 +617,7 @@ class PlanState:
                 self.stream,
                 self.last_producer,
                 self.comm_waits,
+                len(self.buckets),
             )
         finally:
             if change is not None:
@@ -988,6 +998,7 @@ class PlanState:
             self.stream,
             last,
             self.comm_waits,
+            len(self.buckets),
         )
 
     def child_plan(self, change: Change) -> Plan:

@@ -2,7 +2,8 @@
 
 A task is a kernel (one op-fusion group of the plan, once per call of its
 computation), a bucket (one concatenated all-reduce of several gradients), or
-another collective (an all-reduce that is not a gradient, such as the loss mean).
+another collective (an all-reduce that is not a gradient, such as the loss mean,
+or a collective of another kind: all-gather, reduce-scatter, all-to-all, permute).
 
 Dependencies pass through instructions that are no work of their own
 (parameters, tuples, calls): a called computation's parameters depend on the
@@ -34,7 +35,13 @@ from functools import cached_property
 
 import numpy as np
 
-from disco_xla.hlo_passes.graph import ALL_REDUCE_OPCODES, HloModule, Instruction
+from disco_xla.hlo_passes.graph import (
+    COLLECTIVE_OPCODES,
+    HloModule,
+    Instruction,
+    collective_bytes,
+    collective_kind,
+)
 from disco_xla.hlo_passes.trip_counts import runs_per_call
 from disco_xla.plan import EXPENSIVE_OPCODES, NOT_FUSIBLE_OPCODES, Plan
 
@@ -136,6 +143,13 @@ class TaskGraph:
     # mean once.
     kernel_runs: list[int] = field(default_factory=list)
     communication_runs: list[int] = field(default_factory=list)
+    # Per communication task: the collective's kind (`graph.collective_kind`);
+    # missing entries are all-reduces (every gradient bucket is one).
+    communication_kinds: list[str] = field(default_factory=list)
+
+    def communication_kind(self, communication: int) -> str:
+        kinds = self.communication_kinds
+        return kinds[communication] if communication < len(kinds) else "all-reduce"
 
     def tuple_elements(self, communication: int) -> tuple[int, ...]:
         """The tensor sizes of communication task `communication` if it is a tuple
@@ -192,7 +206,8 @@ def kernel_arrays(kernels: list[Kernel]) -> KernelArrays:
 class ModuleIndex:
     """What every plan of one module shares, built once per module.
 
-    An atom is a compute instruction or an all-reduce in one instance of its
+    An atom is a compute instruction or a collective (all-reduce, all-gather,
+    reduce-scatter, ...; an asynchronous one by its start) in one instance of its
     computation. For each atom: the atoms its value waits for (`inputs`, through
     parameters, tuples and calls), those of them reached only through an
     instruction that is not a compute instruction (`indirect_inputs`: fusing
@@ -225,7 +240,7 @@ class ModuleIndex:
             for key in self.instances.get(computation.name, [()]):
                 for instr in computation.topological_order:
                     compute = instr.opcode not in NOT_FUSIBLE_OPCODES
-                    if not compute and instr.opcode not in ALL_REDUCE_OPCODES:
+                    if not compute and instr.opcode not in COLLECTIVE_OPCODES:
                         continue
                     atom = len(self.atoms)
                     self.atoms.append((instr, key))
@@ -593,12 +608,14 @@ def build_task_graph(
     is_bucket: list[bool] = []
     tuple_element_bytes: list[tuple[int, ...]] = []
     communication_runs: list[int] = []
+    communication_kinds: list[str] = []
     for bucket in plan.all_reduce_buckets:
         task = kernel_count + len(communications)
         for name in bucket:
             for atom in index.atoms_of_name[name]:
                 task_of_atom[atom] = task
         communication_runs.append(index.name_runs(bucket[0]))
+        communication_kinds.append("all-reduce")
         label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
         communications.append((label, sum(by_name[n].shape.bytes for n in bucket), tuple(bucket)))
         is_bucket.append(True)
@@ -609,8 +626,9 @@ def build_task_graph(
         if atom not in task_of_atom:  # a collective that is not a gradient
             task_of_atom[atom] = kernel_count + len(communications)
             label = instr.name + (f"@{key[-1]}" if key else "")
-            communications.append((label, instr.shape.bytes, (instr.name,)))
+            communications.append((label, collective_bytes(instr), (instr.name,)))
             communication_runs.append(index.instance_runs(instr, key))
+            communication_kinds.append(collective_kind(instr))
             is_bucket.append(False)
             elements = [leaf.bytes for leaf in instr.shape.leaves()]
             tuple_element_bytes.append(tuple(elements) if len(elements) > 1 else ())
@@ -662,4 +680,5 @@ def build_task_graph(
         collectives_block_compute,
         kernel_runs,
         communication_runs,
+        communication_kinds,
     )

@@ -195,3 +195,36 @@ def test_simulate_uses_the_shipped_weights(module_files):
     summary = json.loads(result.stdout)
     assert summary["cost_model"] == "gnn"
     assert summary["compute_s"] > 0
+
+
+MIXED = """HloModule mixed
+
+ENTRY main {
+  a = DTYPE[64,64] parameter(0)
+  b = DTYPE[64,64] parameter(1)
+  d = DTYPE[64,64] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT t = DTYPE[64,64] tanh(d)
+}
+"""
+
+
+def test_bytes_roofline_and_gnn_features_use_each_tensors_real_dtype():
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.plan import Plan
+    from disco_xla.simulator.cost_models import RooflineCostModel
+    from disco_xla.simulator.kernel_features import DTYPE_VOCABULARY
+
+    found = {}
+    for dtype in ("f32", "bf16"):
+        module = module_from_text(MIXED.replace("DTYPE", dtype))
+        graph = build_task_graph(module, Plan.unfused(module))
+        (dot,) = [k for k in graph.kernels if k.name == "d"]
+        features = featurize(stack_graphs([kernel_graph(dot)]))
+        one_hot = features.nodes[0, : len(DTYPE_VOCABULARY)]
+        assert one_hot[DTYPE_VOCABULARY.index(dtype)] == 1.0 and one_hot.sum() == 1.0
+        profile = load_profile("a100-2x8-100g")
+        found[dtype] = (dot.bytes, dot.element_type, RooflineCostModel(profile).kernels_s(graph))
+    assert found["bf16"][0] * 2 == found["f32"][0]
+    assert (found["f32"][1], found["bf16"][1]) == ("f32", "bf16")
+    # The A100 profile's bf16 peak is above its f32 peak: the bf16 dot is faster.
+    assert found["bf16"][2][0] < found["f32"][2][0]
