@@ -59,7 +59,8 @@ EXPENSIVE_OPCODES = frozenset({"dot", "convolution"})
 @dataclass(frozen=True)
 class Plan:
     """Op-fusion groups (a partition of the compute instructions) and all-reduce
-    buckets (an ordered partition of the gradient all-reduces), by name."""
+    buckets (an ordered partition of the gradient all-reduces, and of gradient
+    reduce-scatters where a step sends its gradients sharded), by name."""
 
     module_name: str
     fingerprint: str
@@ -237,11 +238,14 @@ def _check_contracted_graph_acyclic(module, group_of, plan, source) -> None:
 
 
 def bucket_kinds(module: HloModule) -> dict[str, tuple]:
-    """What gradient all-reduces must share to go in one bucket, by name: dtype,
-    reduction, device groups, channel scope and computation."""
+    """What gradient all-reduces must share to go in one bucket, by name: kind
+    (all-reduce or reduce-scatter), dtype, reduction, device groups, channel
+    scope and computation. Reduce-scatters over different dimensions may share
+    one: the bucket pass moves each one's scattered dimension to the front."""
     by_name = {i.name: i for i in module.instructions()}
     return {
         a.name: (
+            a.kind,
             by_name[a.name].shape.leaves()[0].element_type,
             a.reduction,
             a.group_size,

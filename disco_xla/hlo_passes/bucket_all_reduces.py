@@ -4,6 +4,14 @@ For each bucket of several gradients: flatten each gradient, concatenate them,
 run one all-reduce on the concatenation (with the members' reducer, channel and
 device groups), then slice each gradient back out and restore its shape. The old
 all-reduces' users read the restored values; the old all-reduces are removed.
+
+A bucket of gradient reduce-scatters over groups of p devices is concatenated so
+that each device still gets its own block of every gradient: each operand has
+its scattered dimension moved to the front (a transpose, unless it is there
+already) and is reshaped to [p, n/p], row r being device r's block; the rows are
+concatenated to [p, N/p], one reduce-scatter over dimension 0 gives [1, N/p], and
+each gradient's columns are sliced out, reshaped to its block and transposed
+back to the member's result shape.
 Consecutive buckets of one computation are chained by control dependencies, so
 the program keeps the plan's bucket order (a loop body's buckets among
 themselves: a control dependency cannot cross a computation). (A tuple
@@ -40,6 +48,9 @@ def bucket_all_reduces(module: HloModule, plan: Plan) -> bool:
         computation = members[0].computation
         if len(members) == 1:
             current_id = members[0].id
+        elif members[0].opcode == "reduce-scatter":
+            current_id = _concatenate_reduce_scatters(module, index, members)
+            changed = True
         else:
             current_id = _concatenate_bucket(module, index, members)
             changed = True
@@ -86,6 +97,136 @@ def _concatenate_bucket(module: HloModule, index: int, members) -> int:
         _vector(element_type, total),
         [joined.id],
     )
+    _copy_collective_fields(reduced, template, index, members)
+    offset = 0
+    for member, size in zip(members, sizes, strict=True):
+        piece = edit.add_instruction(
+            computation, f"{member.name}.piece", "slice", _vector(element_type, size), [reduced.id]
+        )
+        piece.slice_dimensions.add(start=offset, limit=offset + size, stride=1)
+        restored = edit.add_instruction(
+            computation, f"{member.name}.restored", "reshape", member.proto.shape, [piece.id]
+        )
+        _replace_member(computation, member, restored)
+        offset += size
+    _remove_members(computation, members)
+    return reduced.id
+
+
+def _concatenate_reduce_scatters(module: HloModule, index: int, members) -> int:
+    """One reduce-scatter for a bucket of them (see the module's docstring)."""
+    computation = members[0].computation
+    template = members[0].proto
+    element_type = template.shape.element_type
+    rows, columns = None, []
+    for member in members:
+        if len(member.operands) != 1 or member.shape.is_tuple or len(template.dimensions) != 1:
+            raise DiscoInputError(module.source, f"{member.name!r} is a variadic reduce-scatter")
+        dims = list(member.operands[0].shape.dims)
+        dimension = member.proto.dimensions[0]
+        devices = dims[dimension] // member.shape.dims[dimension]
+        if rows not in (None, devices):
+            raise DiscoInputError(module.source, f"{member.name!r} scatters over other devices")
+        rows = devices
+        columns.append(math.prod(dims) // devices)
+    blocks = []
+    for member, width in zip(members, columns, strict=True):
+        front = _scattered_dimension_first(computation, member.operands[0], member)
+        blocks.append(
+            edit.add_instruction(
+                computation,
+                f"{member.name}.rows",
+                "reshape",
+                _array(element_type, [rows, width]),
+                [front],
+            ).id
+        )
+    total = sum(columns)
+    joined = edit.add_instruction(
+        computation,
+        f"{BUCKET_MARK}.{index}.concat",
+        "concatenate",
+        _array(element_type, [rows, total]),
+        blocks,
+    )
+    joined.dimensions.append(1)
+    reduced = edit.add_instruction(
+        computation,
+        f"{BUCKET_MARK}.{index}",
+        "reduce-scatter",
+        _array(element_type, [1, total]),
+        [joined.id],
+    )
+    reduced.dimensions.append(0)
+    _copy_collective_fields(reduced, template, index, members)
+    offset = 0
+    for member, width in zip(members, columns, strict=True):
+        piece = edit.add_instruction(
+            computation,
+            f"{member.name}.piece",
+            "slice",
+            _array(element_type, [1, width]),
+            [reduced.id],
+        )
+        piece.slice_dimensions.add(start=0, limit=1, stride=1)
+        piece.slice_dimensions.add(start=offset, limit=offset + width, stride=1)
+        restored = _block_as_result(computation, piece, member)
+        _replace_member(computation, member, restored)
+        offset += width
+    _remove_members(computation, members)
+    return reduced.id
+
+
+def _permutation(member) -> list[int]:
+    """The dimension order that puts a reduce-scatter's scattered dimension first."""
+    dimension = member.proto.dimensions[0]
+    rank = len(member.shape.dims)
+    return [dimension] + [d for d in range(rank) if d != dimension]
+
+
+def _scattered_dimension_first(computation, operand, member) -> int:
+    """The id of `operand` with `member`'s scattered dimension moved first."""
+    order = _permutation(member)
+    if order == sorted(order):
+        return operand.id
+    dims = [operand.shape.dims[d] for d in order]
+    moved = edit.add_instruction(
+        computation,
+        f"{member.name}.front",
+        "transpose",
+        _array(member.proto.shape.element_type, dims),
+        [operand.id],
+    )
+    moved.dimensions.extend(order)
+    return moved.id
+
+
+def _block_as_result(computation, piece, member):
+    """A [1, n] slice of the bucket's result as `member`'s result: its block with
+    the scattered dimension first, then transposed back."""
+    order = _permutation(member)
+    if order == sorted(order):
+        return edit.add_instruction(
+            computation, f"{member.name}.restored", "reshape", member.proto.shape, [piece.id]
+        )
+    dims = [member.shape.dims[d] for d in order]
+    block = edit.add_instruction(
+        computation,
+        f"{member.name}.block",
+        "reshape",
+        _array(member.proto.shape.element_type, dims),
+        [piece.id],
+    )
+    restored = edit.add_instruction(
+        computation, f"{member.name}.restored", "transpose", member.proto.shape, [block.id]
+    )
+    restored.dimensions.extend(order.index(d) for d in range(len(order)))
+    return restored
+
+
+def _copy_collective_fields(reduced, template, index: int, members) -> None:
+    """The bucket's collective takes its members' reducer, channel and device
+    groups, and names them in its op_name."""
     reduced.channel_id = template.channel_id
     reduced.use_global_device_ids = template.use_global_device_ids
     # The device groups, in whichever of XLA's forms the template has them.
@@ -95,27 +236,22 @@ def _concatenate_bucket(module: HloModule, index: int, members) -> int:
     reduced.replica_groups.extend(template.replica_groups)
     reduced.called_computation_ids.extend(template.called_computation_ids)
     reduced.metadata.op_name = f"{BUCKET_MARK}/{index}: " + ",".join(m.name for m in members)
-    offset = 0
-    removed = set()
-    for member, size in zip(members, sizes, strict=True):
-        piece = edit.add_instruction(
-            computation, f"{member.name}.piece", "slice", _vector(element_type, size), [reduced.id]
-        )
-        piece.slice_dimensions.add(start=offset, limit=offset + size, stride=1)
-        restored = edit.add_instruction(
-            computation, f"{member.name}.restored", "reshape", member.proto.shape, [piece.id]
-        )
-        # Keep the marks that say this value is a reduced gradient.
-        restored.metadata.op_name = member.op_name
-        edit.replace_uses(computation, member.id, restored.id, keep=set())
-        if computation.proto.root_id == member.id:
-            computation.proto.root_id = restored.id
-        removed.add(member.id)
-        offset += size
+
+
+def _replace_member(computation, member, restored) -> None:
+    """`member`'s users (and the root, if it is one) read `restored` instead."""
+    # Keep the marks that say this value is a reduced gradient.
+    restored.metadata.op_name = member.op_name
+    edit.replace_uses(computation, member.id, restored.id, keep=set())
+    if computation.proto.root_id == member.id:
+        computation.proto.root_id = restored.id
+
+
+def _remove_members(computation, members) -> None:
+    removed = {member.id for member in members}
     kept = [p for p in computation.proto.instructions if p.id not in removed]
     del computation.proto.instructions[:]
     computation.proto.instructions.extend(kept)
-    return reduced.id
 
 
 def _order_after(computation, instruction_id: int, predecessor_id: int) -> None:
@@ -125,8 +261,13 @@ def _order_after(computation, instruction_id: int, predecessor_id: int) -> None:
 
 
 def _vector(element_type: int, size: int):
+    return _array(element_type, [size])
+
+
+def _array(element_type: int, dims: list[int]):
+    """An array ShapeProto with the default (row-major) layout."""
     from disco_xla.hlo_passes.hlo_schema import ShapeProto
 
-    shape = ShapeProto(element_type=element_type, dimensions=[size])
-    shape.layout.minor_to_major.append(0)
+    shape = ShapeProto(element_type=element_type, dimensions=dims)
+    shape.layout.minor_to_major.extend(reversed(range(len(dims))))
     return shape

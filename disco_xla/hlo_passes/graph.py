@@ -31,6 +31,9 @@ COLLECTIVE_OPCODES = ALL_REDUCE_OPCODES | frozenset(
     """all-gather all-gather-start reduce-scatter all-to-all collective-permute
     collective-permute-start collective-broadcast ragged-all-to-all""".split()
 )
+# Cross-device reductions a plan can bucket: the all-reduce, and its sharded form,
+# the reduce-scatter (what a ZeRO or FSDP step sends its gradients with).
+REDUCTION_OPCODES = ALL_REDUCE_OPCODES | frozenset({"reduce-scatter"})
 # The second half of an asynchronous collective: it waits for its start and hands
 # on the result, and costs nothing of its own (the start carries the transfer).
 COLLECTIVE_DONE_OPCODES = frozenset(
@@ -186,18 +189,20 @@ class Computation:
 
 @dataclass(frozen=True)
 class AllReduce:
-    """What the IR knows about one all-reduce instruction."""
+    """What the IR knows about one cross-device reduction: an all-reduce, or a
+    reduce-scatter (`kind`)."""
 
     name: str
     computation: str
     shape: str
-    bytes: int
+    bytes: int  # the whole buffer reduced (`collective_bytes`)
     tensors: int  # operands reduced together (1 unless variadic)
     reduction: str  # 'sum', 'max', 'min', 'product' or the reducer's root opcode
     group_size: int | None  # devices per replica group; None means all devices
     scope: str  # 'replica' (no channel), 'partition', or 'global' device ids
     is_gradient: bool
     groups: tuple = ()  # the device groups, as device-id tuples (() : one group of all)
+    kind: str = "all-reduce"  # or 'reduce-scatter' (`collective_kind`)
 
 
 class HloModule:
@@ -435,10 +440,10 @@ class HloModule:
     # -- analyses -----------------------------------------------------------
     @cached_property
     def all_reduces(self) -> list[AllReduce]:
-        """Every all-reduce, with which ones reduce gradients.
+        """Every all-reduce and reduce-scatter, with which ones reduce gradients.
 
-        A gradient all-reduce is a cross-device sum of a tensor computed in the
-        backward pass. An instruction is backward if its `op_name` carries a
+        A gradient all-reduce (or reduce-scatter) is a cross-device sum of a
+        tensor computed in the backward pass. An instruction is backward if its `op_name` carries a
         backward mark (BACKWARD_MARKS) or one of its operands is backward; the
         result of an all-reduce is not (it has already been reduced). If the module
         has no marks at all (hand-written HLO), every cross-device sum of a
@@ -450,7 +455,7 @@ class HloModule:
             if computation.role in ("fusion", "applied"):
                 continue
             for instr in computation.topological_order:
-                if instr.opcode in ALL_REDUCE_OPCODES:
+                if instr.opcode in REDUCTION_OPCODES:
                     continue
                 if any(mark in instr.op_name for mark in BACKWARD_MARKS):
                     marked_any = True
@@ -460,7 +465,7 @@ class HloModule:
         found = []
         for computation in self.computations:
             for instr in computation.instructions:
-                if instr.opcode not in ALL_REDUCE_OPCODES:
+                if instr.opcode not in REDUCTION_OPCODES:
                     continue
                 reduction = _reduction_kind(instr)
                 group_size, _ = _replica_groups(instr.proto)
@@ -478,19 +483,22 @@ class HloModule:
                         name=instr.name,
                         computation=computation.name,
                         shape=str(instr.shape),
-                        bytes=instr.shape.bytes,
+                        bytes=collective_bytes(instr),
                         tensors=len(instr.operands),
                         reduction=reduction,
                         group_size=group_size,
                         scope=_collective_scope(instr.proto),
                         is_gradient=is_gradient,
                         groups=device_groups(instr.proto),
+                        kind=collective_kind(instr),
                     )
                 )
         return found
 
     @property
     def gradient_all_reduces(self) -> list[AllReduce]:
+        """The gradient reductions a plan buckets: all-reduces, and reduce-scatters
+        (a bucket holds one kind)."""
         return [a for a in self.all_reduces if a.is_gradient]
 
     @cached_property

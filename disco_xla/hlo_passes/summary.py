@@ -38,12 +38,20 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
         "computations": len(module.computations),
         "instructions": module.instruction_count,
         "opcodes": dict(sorted(histogram.items(), key=lambda item: (-item[1], item[0]))),
+        # All-reduces and reduce-scatters (`HloModule.all_reduces`).
         "all_reduces": len(all_reduces),
+        "reduce_scatters": sum(a.kind == "reduce-scatter" for a in all_reduces),
         "all_reduce_bytes": sum(a.bytes for a in all_reduces),
         "gradient_all_reduces": len(gradients),
         "gradient_all_reduce_bytes": sum(a.bytes for a in gradients),
         "largest_all_reduces": [
-            {"name": a.name, "shape": a.shape, "bytes": a.bytes, "gradient": a.is_gradient}
+            {
+                "name": a.name,
+                "kind": a.kind,
+                "shape": a.shape,
+                "bytes": a.bytes,
+                "gradient": a.is_gradient,
+            }
             for a in sorted(all_reduces, key=lambda a: (-a.bytes, a.name))[:largest]
         ],
         "flops": module.total_flops,
@@ -78,11 +86,18 @@ def format_summary(summary: dict) -> str:
         f"bytes         {_si(summary['bytes'])}B accessed (estimate)",
         f"all-reduces   {summary['all_reduces']}, {_si(summary['all_reduce_bytes'])}B "
         f"({summary['gradient_all_reduces']} gradient, "
-        f"{_si(summary['gradient_all_reduce_bytes'])}B)",
+        f"{_si(summary['gradient_all_reduce_bytes'])}B)"
+        + (
+            f", of which {summary['reduce_scatters']} reduce-scatter(s)"
+            if summary["reduce_scatters"]
+            else ""
+        ),
     ]
     for entry in summary["largest_all_reduces"]:
-        kind = "gradient" if entry["gradient"] else "other"
-        lines.append(f"  {entry['name']:<24} {entry['shape']:<24} {_si(entry['bytes'])}B  {kind}")
+        use = "gradient" if entry["gradient"] else "other"
+        if entry["kind"] != "all-reduce":
+            use += f" {entry['kind']}"
+        lines.append(f"  {entry['name']:<24} {entry['shape']:<24} {_si(entry['bytes'])}B  {use}")
     if summary["loops"]:
         loops = ", ".join(
             f"{name} x{loop['trip_count']}"

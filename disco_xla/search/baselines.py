@@ -19,6 +19,18 @@
 - `mgwfbp`: merge a gradient into the bucket before it when that bucket's
   all-reduce could not start before the gradient is ready, or would start less
   than the latency alpha earlier (MG-WFBP, Shi et al.).
+- `fsdp`: PyTorch FSDP's size-based wrapping (`size_based_auto_wrap_policy`,
+  min_num_params 1e8): gradients in ready order form units that close once
+  they hold 1e8 parameters (4e8 bytes at 4 bytes a parameter), and each unit's
+  gradients are sent as one collective (a reduce-scatter where the step
+  reduce-scatters them). The module's all-gathers are not part of a plan: the
+  simulator issues each as soon as its input is ready, which is FSDP's
+  prefetch of the next unit's parameters.
+
+Gradients sent by reduce-scatter are bucketed by the same rules, never with
+all-reduces; XLA:GPU's combiners have a 30 MB threshold for each kind
+(`kDefaultReduceScatterCombineThreshold` beside the all-reduce's, in XLA's
+collective_utils.h), and XLA:CPU combines all-reduces only.
 
 XLA's fusion comes from the module XLA compiled. `baseline` gives the plans over
 that compiled module, where each fusion is one kernel. `captured_baselines` gives
@@ -34,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo_passes.graph import HloModule, collective_bytes
 from disco_xla.plan import Plan, bucket_kinds, gradient_all_reduces_in_order, verify_plan
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
@@ -53,7 +65,9 @@ BASELINES = (
     "horovod-legacy",
     "ddp",
     "mgwfbp",
+    "fsdp",
 )
+FSDP_UNIT_BYTES = 4 * 10**8  # 1e8 parameters of 4 bytes
 # The baselines XLA runs itself: on GPU profiles their collectives hold the compute
 # stream (the latency-hiding scheduler is off by default).
 RUN_BY_XLA = ("xla", "xla-nocombine")
@@ -75,6 +89,19 @@ def threshold_buckets(gradients: Gradients, limit_bytes: int, first_bytes: int |
         else:
             buckets.append([name])
             filled = size
+    return tuple(tuple(b) for b in buckets)
+
+
+def unit_buckets(gradients: Gradients, min_bytes: int):
+    """Consecutive gradients in units that close once they hold `min_bytes`."""
+    buckets: list[list[str]] = []
+    filled = min_bytes
+    for name, size in gradients:
+        if filled >= min_bytes:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(name)
+        filled += size
     return tuple(tuple(b) for b in buckets)
 
 
@@ -118,11 +145,25 @@ def mgwfbp_buckets(
 def gradients_in_ready_order(
     module: HloModule, ready_s: dict[str, float] | None = None
 ) -> Gradients:
-    """Gradient all-reduces with their bytes, by ready time (else program order)."""
+    """Gradient all-reduces (and reduce-scatters) with the bytes of their whole
+    buffers, by ready time (else program order)."""
     ordered = gradient_all_reduces_in_order(module)
     if ready_s is not None:
         ordered = sorted(ordered, key=lambda i: (ready_s[i.name], ordered.index(i)))
-    return [(i.name, i.shape.bytes) for i in ordered]
+    return [(i.name, collective_bytes(i)) for i in ordered]
+
+
+def xla_cpu_buckets(gradients: Gradients, kinds: dict[str, str]):
+    """XLA:CPU's combiner: every gradient all-reduce in one bucket, sent once the
+    last is ready; reduce-scatters one by one (it has no combiner for them)."""
+    combined = tuple(g for g, _ in gradients if kinds.get(g, "all-reduce") == "all-reduce")
+    buckets: list[tuple[str, ...]] = []
+    for name, _ in gradients:
+        if name not in combined:
+            buckets.append((name,))
+        elif name == combined[-1]:
+            buckets.append(combined)
+    return tuple(buckets)
 
 
 def with_buckets(plan: Plan, buckets) -> Plan:
@@ -177,7 +218,7 @@ def baseline(
     singletons = simulate(build_task_graph(compiled_separate, separate), profile, cost_model)
     ready = singletons.collective_ready_s
     gradients = gradients_in_ready_order(compiled_separate, ready)
-    buckets, note = bucket_rules(name, gradients, ready, profile)
+    buckets, note = bucket_rules(name, gradients, ready, profile, gradient_kinds(compiled_separate))
     return Baseline(
         name,
         compiled_separate,
@@ -188,8 +229,8 @@ def baseline(
 
 
 def legal_buckets(module: HloModule, buckets) -> tuple[tuple[str, ...], ...]:
-    """`buckets` with each bucket cut where consecutive members differ in dtype,
-    reduction, device groups or computation."""
+    """`buckets` with each bucket cut where consecutive members differ in kind,
+    dtype, reduction, device groups or computation."""
     kind = bucket_kinds(module)
     out: list[tuple[str, ...]] = []
     for bucket in buckets:
@@ -204,16 +245,28 @@ def legal_buckets(module: HloModule, buckets) -> tuple[tuple[str, ...], ...]:
     return tuple(out)
 
 
+def gradient_kinds(module: HloModule) -> dict[str, str]:
+    """'all-reduce' or 'reduce-scatter', by gradient name."""
+    return {a.name: a.kind for a in module.gradient_all_reduces}
+
+
 def bucket_rules(
     name: str,
     gradients: Gradients,
     ready_s: dict[str, float],
     profile: ClusterProfile,
+    kinds: dict[str, str] | None = None,
 ) -> tuple[tuple[tuple[str, ...], ...], str]:
-    """The buckets baseline `name` makes of `gradients` (in ready order), and a note."""
+    """The buckets baseline `name` makes of `gradients` (in ready order), and a
+    note. `kinds` says which gradients are reduce-scatters (None: none are); the
+    caller cuts buckets that mix kinds (`legal_buckets`)."""
     gpu = profile.execution == "gpu-streams"
+    kinds = kinds or {}
     if name in ("xla", "xla-overlap") and not gpu:
-        return (tuple(g for g, _ in gradients),), "XLA:CPU's combined all-reduce"
+        scattered = any(kind != "all-reduce" for kind in kinds.values())
+        return xla_cpu_buckets(gradients, kinds), "XLA:CPU's combined all-reduce" + (
+            ", reduce-scatters one by one" if scattered else ""
+        )
     if name == "xla":
         return (
             threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES),
@@ -247,6 +300,10 @@ def bucket_rules(
             gradients, ready_s, lambda size: all_reduce_s(size, profile), alpha
         )
         return buckets, f"MG-WFBP merging with alpha {alpha * 1e6:.1f} us"
+    if name == "fsdp":
+        return unit_buckets(gradients, FSDP_UNIT_BYTES), (
+            "FSDP units of 1e8 parameters, all-gathers issued when ready"
+        )
     raise ValueError(f"unknown baseline {name!r}")
 
 
@@ -274,6 +331,7 @@ def captured_baselines(
     singletons = simulate(build_task_graph(module, xla_fusion), profile, cost_model)
     ready = singletons.collective_ready_s
     gradients = gradients_in_ready_order(module, ready)
+    kinds = gradient_kinds(module)
     baselines = {
         "none": Baseline(
             "none", module, Plan.unfused(module), "no fusion, one all-reduce per gradient"
@@ -282,7 +340,7 @@ def captured_baselines(
     for name in BASELINES:
         if name == "none":
             continue
-        buckets, note = bucket_rules(name, gradients, ready, profile)
+        buckets, note = bucket_rules(name, gradients, ready, profile, kinds)
         plan = with_buckets(xla_fusion, legal_buckets(module, buckets))
         try:
             verify_plan(plan, module)

@@ -484,11 +484,12 @@ class PlanState:
         size = sum(info[name][0] for name in bucket)
         producer = max(self.gradient_last[name] for name in bucket)
         elements = info[bucket[0]][5] if len(bucket) == 1 else ()
-        key = (size, len(bucket) > 1, elements, "all-reduce")
+        kind = info[bucket[0]][7]  # a bucket holds one kind
+        key = (size, len(bucket) > 1, elements, kind)
         costs = self._comm_cost_cache.get(key)
         if costs is None:
             costs = self._comm_cost_cache[key] = communication_ps(
-                size, len(bucket), self.profile, self.comm_cost, elements
+                size, len(bucket), self.profile, self.comm_cost, elements, kind
             )
         runs = info[bucket[0]][6]
         found = self._bucket_cache[bucket] = (costs[0] * runs, costs[1] * runs, producer)
@@ -539,7 +540,7 @@ class PlanState:
             is_bucket = number < len(buckets)
             size = sum(m[0] for m in members)
             elements = members[0][5] if len(members) == 1 else ()
-            kind = members[0][7]  # a bucket is an all-reduce of gradients
+            kind = members[0][7]  # a bucket holds one kind
             key = (size, len(members) > 1, elements, kind)
             costs = self._comm_cost_cache.get(key)
             if costs is None:

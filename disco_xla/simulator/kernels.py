@@ -615,9 +615,10 @@ def build_task_graph(
             for atom in index.atoms_of_name[name]:
                 task_of_atom[atom] = task
         communication_runs.append(index.name_runs(bucket[0]))
-        communication_kinds.append("all-reduce")
+        communication_kinds.append(collective_kind(by_name[bucket[0]]))  # one kind a bucket
         label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
-        communications.append((label, sum(by_name[n].shape.bytes for n in bucket), tuple(bucket)))
+        size = sum(collective_bytes(by_name[n]) for n in bucket)
+        communications.append((label, size, tuple(bucket)))
         is_bucket.append(True)
         elements = [leaf.bytes for n in bucket for leaf in by_name[n].shape.leaves()]
         is_tuple = len(elements) > 1 and (tuple_buckets or len(bucket) == 1)

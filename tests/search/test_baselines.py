@@ -12,6 +12,8 @@ from disco_xla.search.baselines import (
     cycle_buckets,
     mgwfbp_buckets,
     threshold_buckets,
+    unit_buckets,
+    xla_cpu_buckets,
 )
 from tests.conftest import run_cli
 
@@ -25,6 +27,16 @@ def test_ddp_packs_up_to_25_mb_after_a_first_bucket_of_1_mb():
 
 def test_xla_gpu_combiner_packs_up_to_30_mb():
     assert threshold_buckets(GRADIENTS, 30 * MB) == (("a", "b", "c"), ("d",), ("e",))
+
+
+def test_fsdp_units_close_once_they_hold_their_size():
+    assert unit_buckets(GRADIENTS, 11 * MB) == (("a", "b", "c"), ("d",), ("e",))
+    assert unit_buckets(GRADIENTS, 100 * MB) == (("a", "b", "c", "d", "e"),)
+
+
+def test_xla_cpu_combines_all_reduces_only():
+    kinds = {"a": "reduce-scatter", "c": "reduce-scatter"}
+    assert xla_cpu_buckets(GRADIENTS, kinds) == (("a",), ("c",), ("b", "d", "e"))
 
 
 def test_horovod_sends_what_became_ready_in_each_cycle():
