@@ -98,6 +98,15 @@ def _capture(args: argparse.Namespace) -> int:
         raise DiscoInputError(
             args.model, f"the batch {args.batch} must split evenly over {args.replicas} replicas"
         )
+    if args.precision != "f32":
+        from disco_xla.zoo.jax_steps import BF16_MODELS
+
+        if args.framework != "jax" or args.model not in BF16_MODELS:
+            raise DiscoInputError(
+                args.model,
+                "--precision bf16 applies to the JAX transformers (llama is bf16 as written; "
+                "the CNNs' batch norm needs f32)",
+            )
     import jax
 
     # The capture runs on this many host CPU devices; no GPU, weights or data needed.
@@ -116,6 +125,7 @@ def _capture(args: argparse.Namespace) -> int:
             args.batch,
             args.mode,
             on_stage=progress.stage,
+            precision=args.precision,
         )
         progress.stage("write")
         save_module(captured.module, args.output)
@@ -729,6 +739,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="pmap",
         help="JAX: pmap, jit+shard_map, or jit with sharded arguments (captured after "
         "XLA's SPMD partitioning)",
+    )
+    capture.add_argument(
+        "--precision",
+        choices=["f32", "bf16"],
+        default="f32",
+        help="JAX: bf16 computes with bf16 copies of f32 parameters and all-reduces "
+        "bf16 gradients (mixed precision)",
     )
     capture.add_argument("-o", "--output", help="where to write the module (.pb, .txt, ...)")
     capture.add_argument("--json", action="store_true", help="print one JSON object, no progress")

@@ -5,6 +5,14 @@ run one all-reduce on the concatenation (with the members' reducer, channel and
 device groups), then slice each gradient back out and restore its shape. The old
 all-reduces' users read the restored values; the old all-reduces are removed.
 
+A bucket of bf16 or f16 gradients is converted to f32 before the concatenation
+and back after the slices, and reduced in f32: XLA:CPU promotes a narrow-float
+all-reduce to f32 and then drops the f32-bf16-f32 round trips around it, so the
+original program sums unrounded values; the bucket must round where it does,
+or its outputs differ by a bf16 rounding step (`widen_narrow_floats=False`
+keeps the bucket in its own type, as a backend that reduces bf16 natively,
+such as XLA:GPU, would send it).
+
 A bucket of gradient reduce-scatters over groups of p devices is concatenated so
 that each device still gets its own block of every gradient: each operand has
 its scattered dimension moved to the front (a transpose, unless it is there
@@ -35,9 +43,10 @@ GROUP_FIELDS = (
 )
 NAME = "bucket-all-reduces"
 BUCKET_MARK = "disco_xla.bucket"
+F32, NARROW_FLOATS = 11, frozenset({10, 16})  # PrimitiveType F32; F16 and BF16
 
 
-def bucket_all_reduces(module: HloModule, plan: Plan) -> bool:
+def bucket_all_reduces(module: HloModule, plan: Plan, widen_narrow_floats: bool = True) -> bool:
     """Run the pass for a plan that `verify_plan` accepted. Returns whether the
     module changed."""
     by_name = {i.name: i for i in module.instructions()}
@@ -52,7 +61,7 @@ def bucket_all_reduces(module: HloModule, plan: Plan) -> bool:
             current_id = _concatenate_reduce_scatters(module, index, members)
             changed = True
         else:
-            current_id = _concatenate_bucket(module, index, members)
+            current_id = _concatenate_bucket(module, index, members, widen_narrow_floats)
             changed = True
         if computation.name in previous_id:
             _order_after(computation, current_id, previous_id[computation.name])
@@ -63,21 +72,32 @@ def bucket_all_reduces(module: HloModule, plan: Plan) -> bool:
     return changed
 
 
-def _concatenate_bucket(module: HloModule, index: int, members) -> int:
+def _concatenate_bucket(module: HloModule, index: int, members, widen: bool) -> int:
     computation = members[0].computation
     template = members[0].proto
     element_type = template.shape.element_type
+    reduce_type = F32 if widen and element_type in NARROW_FLOATS else element_type
     flats, sizes = [], []
     for member in members:
         if len(member.operands) != 1 or member.shape.is_tuple:
             raise DiscoInputError(module.source, f"{member.name!r} is a variadic all-reduce")
         size = math.prod(member.shape.dims)
+        operand = member.operands[0].id
+        if reduce_type != element_type:  # next to its producer's own rounding
+            wide = edit.add_instruction(
+                computation,
+                f"{member.name}.wide",
+                "convert",
+                _array(reduce_type, list(member.shape.dims)),
+                [operand],
+            )
+            operand = wide.id
         flat = edit.add_instruction(
             computation,
             f"{member.name}.flat",
             "reshape",
-            _vector(element_type, size),
-            [member.operands[0].id],
+            _vector(reduce_type, size),
+            [operand],
         )
         flats.append(flat.id)
         sizes.append(size)
@@ -86,7 +106,7 @@ def _concatenate_bucket(module: HloModule, index: int, members) -> int:
         computation,
         f"{BUCKET_MARK}.{index}.concat",
         "concatenate",
-        _vector(element_type, total),
+        _vector(reduce_type, total),
         flats,
     )
     joined.dimensions.append(0)
@@ -94,16 +114,30 @@ def _concatenate_bucket(module: HloModule, index: int, members) -> int:
         computation,
         f"{BUCKET_MARK}.{index}",
         "all-reduce",
-        _vector(element_type, total),
+        _vector(reduce_type, total),
         [joined.id],
     )
     _copy_collective_fields(reduced, template, index, members)
+    if reduce_type != element_type:  # the members' reducer, over f32
+        reducer = members[0].called_computations[0].root.opcode
+        del reduced.called_computation_ids[:]
+        reduced.called_computation_ids.append(
+            edit.add_scalar_reducer(module.proto, reduce_type, reducer)
+        )
     offset = 0
     for member, size in zip(members, sizes, strict=True):
         piece = edit.add_instruction(
-            computation, f"{member.name}.piece", "slice", _vector(element_type, size), [reduced.id]
+            computation, f"{member.name}.piece", "slice", _vector(reduce_type, size), [reduced.id]
         )
         piece.slice_dimensions.add(start=offset, limit=offset + size, stride=1)
+        if reduce_type != element_type:
+            piece = edit.add_instruction(
+                computation,
+                f"{member.name}.narrow",
+                "convert",
+                _vector(element_type, size),
+                [piece.id],
+            )
         restored = edit.add_instruction(
             computation, f"{member.name}.restored", "reshape", member.proto.shape, [piece.id]
         )

@@ -66,12 +66,14 @@ def capture_model(
     batch: int | None = None,
     mode: str = "pmap",
     on_stage: Callable[[str], None] = lambda stage: None,
+    precision: str = "f32",
 ) -> Capture:
     """Capture a zoo model's data-parallel training step.
 
     `batch` is the global batch (default two examples per replica). JAX needs
     `replicas` CPU devices; full sizes are lowered from shapes only. `on_stage`
-    is told when each stage starts ('build', 'lower').
+    is told when each stage starts ('build', 'lower'). `precision='bf16'` gives
+    a JAX model's mixed-precision variant (`jax_steps`; Llama is bf16 already).
     """
     batch = batch or 2 * replicas
     if framework == "jax":
@@ -89,7 +91,9 @@ def capture_model(
             )
             on_stage("lower")
             return Capture(capture_jax(fn, *args), tensors, count)
-        step = build_jax_step(name, size, replicas, batch, mode, concrete=False)
+        step = build_jax_step(
+            name, size, replicas, batch, mode, concrete=False, precision=precision
+        )
         on_stage("lower")
         module = capture_jax(step.fn, *step.args)
         return Capture(module, step.parameter_tensors, step.parameter_count)

@@ -118,3 +118,26 @@ def test_partitioned_program_matches_the_pmap_step_bit_for_bit(captured):
 
 def _instr(module: HloModule, name: str):
     return next(i for i in module.instructions() if i.name == name)
+
+
+def test_a_bf16_bucket_is_reduced_in_f32_and_bit_for_bit():
+    from disco_xla.runtime.apply import apply_plan, verify_rewrite
+
+    def step(a, b):
+        return (
+            jax.lax.pmean(jax.numpy.sin(a) * 3, "i").astype(np.float32),
+            jax.lax.pmean(jax.numpy.cos(b) * 5, "i").astype(np.float32),
+        )
+
+    rng = np.random.default_rng(0)
+    a = jax.numpy.asarray(rng.standard_normal((2, 64)), jax.numpy.bfloat16)
+    b = jax.numpy.asarray(rng.standard_normal((2, 32)), jax.numpy.bfloat16)
+    module = capture_jax(jax.pmap(step, axis_name="i"), a, b)
+    plan = Plan.unfused(module)
+    names = tuple(name for bucket in plan.all_reduce_buckets for name in bucket)
+    plan = dataclasses.replace(plan, all_reduce_buckets=(names,))
+    rewritten = apply_plan(module, plan, fusion=False)  # checks the compiled all-reduces
+    (bucket,) = rewritten.gradient_all_reduces
+    assert bucket.shape == "f32[96]"  # as XLA:CPU promotes each bf16 all-reduce
+    verdict = verify_rewrite(module, rewritten, 2)
+    assert verdict.bit_equal, verdict
