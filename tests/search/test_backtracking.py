@@ -88,6 +88,7 @@ def test_optimize_cli_writes_the_same_plan_twice_and_reports_baselines(module_fi
         "horovod-legacy",
         "ddp",
         "mgwfbp",
+        "fsdp",
         "fusion-only",
         "bucketing-only",
     }
