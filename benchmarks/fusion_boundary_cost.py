@@ -24,6 +24,7 @@ opcode for the original and `every-group` (which kernels slow down).
 Models: the JAX zoo's names (tiny, batch 8); `sharded:NAME` for the same step as
 `jax.jit` over sharded arguments (captured after XLA's SPMD partitioning, run as
 replicas), and `sharded:llama` for the Llama-style model (data x FSDP mesh);
+`bf16:NAME` for a transformer's mixed-precision variant (pmap, bf16 gradients);
 `tf:NAME` for a TF zoo step (tiny,
 batch 2, with our inserted all-reduces over 4 replicas); or `keras:NAME` for a
 `keras.applications` model (Keras on JAX, no weights, 96x96 images, 2 per
@@ -104,7 +105,13 @@ def captured(name: str):
             return prepared(capture_jax(fn, *args))
         step = build_jax_step(model, "tiny", DEVICES, 2 * DEVICES, mode="sharded")
         return prepared(capture_jax(step.fn, *step.args))
-    if name.startswith("keras:"):
+    if name.startswith("bf16:"):
+        from disco_xla.zoo.jax_steps import build_jax_step
+
+        model = name.split(":", 1)[1]
+        step = build_jax_step(model, "tiny", DEVICES, 2 * DEVICES, precision="bf16")
+        fn, args = step.fn, step.args
+    elif name.startswith("keras:"):
         fn, args = keras_step(name.split(":", 1)[1])
     else:
         from disco_xla.zoo.jax_steps import build_jax_step

@@ -47,7 +47,13 @@ from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import HloModule, collective_bytes
-from disco_xla.plan import Plan, bucket_kinds, gradient_all_reduces_in_order, verify_plan
+from disco_xla.plan import (
+    Plan,
+    bucket_kinds,
+    gradient_all_reduces_in_order,
+    gradient_dependencies,
+    verify_plan,
+)
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
@@ -230,13 +236,17 @@ def baseline(
 
 def legal_buckets(module: HloModule, buckets) -> tuple[tuple[str, ...], ...]:
     """`buckets` with each bucket cut where consecutive members differ in kind,
-    dtype, reduction, device groups or computation."""
+    dtype, reduction, device groups or computation, and before a member computed
+    from the reduced value of one already in the bucket (a batch-norm statistic
+    or a partitioner's all-reduce of a reduced gradient)."""
     kind = bucket_kinds(module)
+    dependencies = gradient_dependencies(module)
     out: list[tuple[str, ...]] = []
     for bucket in buckets:
         run: list[str] = []
         for name in bucket:
-            if run and kind[name] != kind[run[-1]]:
+            reads_run = not dependencies.get(name, frozenset()).isdisjoint(run)
+            if run and (kind[name] != kind[run[-1]] or reads_run):
                 out.append(tuple(run))
                 run = []
             run.append(name)

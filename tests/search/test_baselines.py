@@ -87,3 +87,15 @@ def test_every_baseline_simulates_on_a_captured_step(module_files, cluster):
         assert "30 MB" in results["xla"]["plan_note"]
     for plan, summary in results.items():
         assert summary["iteration_s"] > 0 and summary["plan"] == plan
+
+
+def test_a_rule_bucket_is_cut_before_a_gradient_computed_from_a_reduced_one():
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.plan import Plan, verify_plan
+    from disco_xla.search.baselines import legal_buckets, with_buckets
+    from tests.simulator.test_incremental import DEPENDENT_GRADIENTS
+
+    module = module_from_text(DEPENDENT_GRADIENTS)
+    cut = legal_buckets(module, (("mean1", "mean2", "mean3"),))
+    assert cut == (("mean1",), ("mean2", "mean3"))
+    verify_plan(with_buckets(Plan.unfused(module), cut), module)
