@@ -137,14 +137,21 @@ def test_optimize_to_a_module_searches_applies_and_reports(module_files, tmp_pat
         str(out),
         "--report",
         str(report),
+        "--json",
         timeout_s=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    written = json.loads(result.stdout)["written"]
     plan = Plan.from_json((tmp_path / "step.optimized.hlo.pb.plan.json").read_text())
     from disco_xla import load_module
 
     rewritten = load_module(out)
-    assert len(rewritten.gradient_all_reduces) == len(plan.all_reduce_buckets)
+    # The plan's program is written when it ran faster than XLA's here and
+    # computed the same; else the original (a timing on a shared machine).
+    original = load_module(module_files["jax_pmap_step"])
+    expected = plan if written in ("plan", "buckets") else Plan.unfused(original)
+    assert written in ("plan", "buckets", "original")
+    assert len(rewritten.gradient_all_reduces) == len(expected.all_reduce_buckets)
     page = report.read_text()
     assert "data:image/png;base64," in page and "bucketing-only" in page
     assert page.count("<tr>") >= 10 + len(plan.all_reduce_buckets)
