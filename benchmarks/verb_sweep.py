@@ -9,7 +9,7 @@ or another reason): a traceback or another exit code is an internal error. It
 prints one row per module and verb, and a table of the outcomes.
 
     .venv/bin/python benchmarks/verb_sweep.py [--models resnet50 ...] [--forms pmap sharded]
-        [--devices 4] [--max-evals 20] [--json]
+        [--frameworks jax tf] [--devices 4] [--max-evals 20] [--json]
 """
 
 from __future__ import annotations
@@ -53,23 +53,25 @@ def _cli(*args: str, timeout_s: float = 900) -> tuple[str, float, str]:
     return "internal error", seconds, last[-300:]
 
 
-def modules(models: list[str], forms: list[str]) -> list[tuple[str, list[str]]]:
+def modules(
+    models: list[str], forms: list[str], frameworks: list[str]
+) -> list[tuple[str, list[str]]]:
     """(label, capture arguments) of each module to sweep."""
     from disco_xla.zoo import ZOO
     from disco_xla.zoo.jax_steps import BF16_MODELS, JAX_MODELS
 
     found = []
     for name in models:
-        if name in JAX_MODELS:
+        if name in JAX_MODELS and "jax" in frameworks:
             for form in forms:
                 if form == "bf16":
                     if name in BF16_MODELS:
                         found.append((f"{name} bf16", ["--model", name, "--precision", "bf16"]))
                 else:
                     found.append((f"{name} {form}", ["--model", name, "--mode", form]))
-        elif name == "llama":
+        elif name == "llama" and "jax" in frameworks:
             found.append(("llama sharded", ["--model", "llama", "--mode", "sharded"]))
-        elif any(e.name == name and e.framework == "tf" for e in ZOO):
+        if "tf" in frameworks and any(e.name == name and e.framework == "tf" for e in ZOO):
             found.append((f"tf {name}", ["--model", name, "--framework", "tf"]))
     return found
 
@@ -108,13 +110,14 @@ def main() -> int:
     names = list(dict.fromkeys(e.name for e in ZOO))
     parser.add_argument("--models", nargs="+", default=names)
     parser.add_argument("--forms", nargs="+", choices=FORMS, default=list(FORMS))
+    parser.add_argument("--frameworks", nargs="+", choices=["jax", "tf"], default=["jax", "tf"])
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--max-evals", type=int, default=20)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as directory:
-        for label, capture in modules(args.models, args.forms):
+        for label, capture in modules(args.models, args.forms, args.frameworks):
             row = sweep(label, capture, args.devices, args.max_evals, directory)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
