@@ -224,15 +224,8 @@ def _scattered_dimension_first(computation, operand, member) -> int:
     if order == sorted(order):
         return operand.id
     dims = [operand.shape.dims[d] for d in order]
-    moved = edit.add_instruction(
-        computation,
-        f"{member.name}.front",
-        "transpose",
-        _array(member.proto.shape.element_type, dims),
-        [operand.id],
-    )
-    moved.dimensions.extend(order)
-    return moved.id
+    shape = _array(member.proto.shape.element_type, dims)
+    return _transpose(computation, f"{member.name}.front", operand.id, shape, order).id
 
 
 def _block_as_result(computation, piece, member):
@@ -251,11 +244,16 @@ def _block_as_result(computation, piece, member):
         _array(member.proto.shape.element_type, dims),
         [piece.id],
     )
-    restored = edit.add_instruction(
-        computation, f"{member.name}.restored", "transpose", member.proto.shape, [block.id]
-    )
-    restored.dimensions.extend(order.index(d) for d in range(len(order)))
-    return restored
+    back = [order.index(d) for d in range(len(order))]
+    return _transpose(computation, f"{member.name}.restored", block.id, member.proto.shape, back)
+
+
+def _transpose(computation, name: str, operand_id: int, shape, permutation: list[int]):
+    """A transpose of `operand_id` to `shape`: result dimension i is the
+    operand's dimension permutation[i]."""
+    moved = edit.add_instruction(computation, name, "transpose", shape, [operand_id])
+    moved.dimensions.extend(permutation)
+    return moved
 
 
 def _copy_collective_fields(reduced, template, index: int, members) -> None:

@@ -126,7 +126,4 @@ def collective_s(
     `size_bytes`, from the all-reduce model `all_reduce` by the ring ratios."""
     if size_bytes <= 0 or profile.workers <= 1:
         return 0.0
-    seconds = all_reduce(size_bytes, profile)
-    if kind == "all-reduce":
-        return seconds
-    return seconds * _SHARE_OF_ALL_REDUCE[kind](profile.workers)
+    return all_reduce(size_bytes, profile) * _SHARE_OF_ALL_REDUCE[kind](profile.workers)

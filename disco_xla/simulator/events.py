@@ -256,7 +256,8 @@ def graph_communication_ps(
 ) -> tuple[list[int], list[int]]:
     """`communication_ps` of every communication task of `graph`: (transfer
     times, copy times). The cost depends only on (bytes, several members or one,
-    tuple element sizes, kind), so it is computed once per distinct such key."""
+    tuple element sizes, kind), so it is computed once per distinct such key. A
+    task in a loop body counts every trip (`TaskGraph.communication_runs`)."""
     communications = graph.communications
     elements = graph.tuple_element_bytes[: len(communications)]
     elements = elements + [()] * (len(communications) - len(elements))
@@ -270,7 +271,8 @@ def graph_communication_ps(
     found = list(map(costs.__getitem__, keys))
     transfer_ps = list(map(itemgetter(0), found))
     copy_ps = list(map(itemgetter(1), found))
-    return transfer_ps, copy_ps
+    runs = graph.communication_runs
+    return times_runs(transfer_ps, runs), times_runs(copy_ps, runs)
 
 
 def _simulate(
@@ -283,8 +285,6 @@ def _simulate(
     kernel_ps = np.rint(np.asarray(kernel_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
     kernel_ps = times_runs(kernel_ps, graph.kernel_runs)
     comm_task_ps, copy_ps = graph_communication_ps(graph, profile, comm_cost)
-    comm_task_ps = times_runs(comm_task_ps, graph.communication_runs)
-    copy_ps = times_runs(copy_ps, graph.communication_runs)
     # The host's cost of the step (dispatch to every worker, results handed back)
     # is counted before the devices start: every event moves by it (0 unless a
     # calibrated CPU profile measured it).
@@ -738,8 +738,6 @@ def graph_iteration_ps(
     for duration in times_runs(kernel_ps, graph.kernel_runs):
         prefix.append(prefix[-1] + duration)
     comm_ps, copy_ps = graph_communication_ps(graph, profile, comm_cost)
-    comm_ps = times_runs(comm_ps, graph.communication_runs)
-    copy_ps = times_runs(copy_ps, graph.communication_runs)
     streams = max(1, profile.communication_streams)
     stream = []
     bucket_index = 0

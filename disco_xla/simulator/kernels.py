@@ -305,16 +305,9 @@ class ModuleIndex:
         return self.runs.get((instr.computation.name, key), 1)
 
     def name_runs(self, name: str) -> int:
-        """How many times the instruction `name` runs in one step, over all the
-        instances of its computation."""
-        atoms = self.atoms_of_name.get(name)
-        if not atoms:
-            instr = self.by_name[name]
-            return sum(
-                self.instance_runs(instr, key)
-                for key in self.instances.get(instr.computation.name, [()])
-            )
-        return sum(self.instance_runs(*self.atoms[a]) for a in atoms)
+        """How many times the collective or compute instruction `name` runs in
+        one step, over all the instances of its computation."""
+        return sum(self.instance_runs(*self.atoms[a]) for a in self.atoms_of_name[name])
 
     def _sources(self, instr: Instruction, key: CallKey) -> list[tuple[Instruction, CallKey]]:
         """What `instr` (in the instance `key` of its computation) reads."""

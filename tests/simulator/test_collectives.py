@@ -6,7 +6,6 @@ and the incremental simulation stays equal to the full one."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
@@ -18,10 +17,10 @@ from disco_xla.search.backtracking import greedy_fusion_plan
 from disco_xla.simulator.comm import all_reduce_s, collective_s, ring_all_reduce_s
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import PS_PER_S, simulate, to_ps
-from disco_xla.simulator.incremental import Fuse, PlanState, Split
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
 from tests.conftest import run_cli
+from tests.simulator.incremental_checks import local_changes_match_full_simulation
 
 RING = "source_target_pairs={{0,1},{1,2},{2,3},{3,0}}"
 COLLECTIVES = """HloModule collectives, replica_count=4
@@ -139,24 +138,9 @@ def test_incremental_evaluation_equals_a_full_simulation_with_every_collective(m
     profile = load_profile(cluster)
     cost_model = RooflineCostModel(profile)
     for plan in (Plan.unfused(module), greedy_fusion_plan(module)):
-        state = PlanState(module, plan, profile, cost_model)
-        full = simulate(build_task_graph(module, plan), profile, cost_model).iteration_s
-        assert state.iteration_ps / PS_PER_S == full
-        moves = [Split(k) for k in range(len(state.order))]
-        moves += [Fuse(k, u) for k in range(len(state.order)) for u in sorted(state.succs[k])]
-        random.Random(4).shuffle(moves)
-        evaluated = 0
-        for move in moves:
-            seconds = state.evaluate(move)
-            if seconds is None:
-                continue
-            child = state.child_plan(move)
-            verify_plan(child, module)
-            assert (
-                seconds
-                == simulate(build_task_graph(module, child), profile, cost_model).iteration_s
-            )
-            evaluated += 1
+        evaluated = local_changes_match_full_simulation(
+            module, plan, profile, cost_model, seed=4, bucket_moves=False
+        )
         assert evaluated > 0
 
 

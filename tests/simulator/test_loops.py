@@ -6,19 +6,18 @@ stays equal to the full one on a module with a loop."""
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from disco_xla.hlo_passes.hlo_io import module_from_text
 from disco_xla.plan import Plan, verify_plan
-from disco_xla.search.backtracking import _bucket_moves, greedy_fusion_plan
+from disco_xla.search.backtracking import greedy_fusion_plan
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import PS_PER_S, simulate, to_ps
-from disco_xla.simulator.incremental import Fuse, PlanState, Split
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
+from tests.simulator.incremental_checks import local_changes_match_full_simulation
 
 LOOPED = """HloModule looped
 
@@ -124,21 +123,4 @@ def test_incremental_evaluation_equals_a_full_simulation_with_a_loop(cluster):
     cost_model = RooflineCostModel(profile)
     for plan in (Plan.unfused(module), greedy_fusion_plan(module)):
         verify_plan(plan, module)
-        state = PlanState(module, plan, profile, cost_model)
-        full = simulate(build_task_graph(module, plan), profile, cost_model).iteration_s
-        assert state.iteration_ps / PS_PER_S == full
-        moves = [Split(k) for k in range(len(state.order))]
-        moves += [Fuse(k, u) for k in range(len(state.order)) for u in sorted(state.succs[k])]
-        moves += [make() for _, make in _bucket_moves(plan.all_reduce_buckets)]
-        random.Random(3).shuffle(moves)
-        evaluated = 0
-        for move in moves:
-            seconds = state.evaluate(move)
-            if seconds is None:
-                continue
-            child = state.child_plan(move)
-            verify_plan(child, module)
-            graph = build_task_graph(module, child)
-            assert seconds == simulate(graph, profile, cost_model).iteration_s
-            evaluated += 1
-        assert evaluated > 0
+        assert local_changes_match_full_simulation(module, plan, profile, cost_model, seed=3) > 0
