@@ -52,7 +52,7 @@ def main() -> int:
     runtime = f"{jax.process_count()} gloo processes" if distributed else "2 devices, one process"
     with cpus_kept_awake() as awake:
         found = [
-            (kb, calibrate.all_reduce_in_step(mesh, place_split, kb * 1024))
+            (kb, calibrate.collective_in_step(mesh, place_split, kb * 1024))
             for kb in args.kernel_kb
         ]
     if jax.process_index() == 0:

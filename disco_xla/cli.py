@@ -200,31 +200,44 @@ def _calibrate(args: argparse.Namespace) -> int:
     quiet = args.json or not sys.stderr.isatty()
     from tqdm import tqdm
 
+    probes = sum(map(len, calibrate.sizes_by_kind(sizes).values()))
     with (
         _cpus_awake_if_asked(args, "calibrate") as awake,
-        tqdm(total=len(sizes) + 1, disable=quiet, desc="calibrating", leave=False) as bar,
+        tqdm(total=probes + 1, disable=quiet, desc="calibrating", leave=False) as bar,
     ):
         if args.processes:
             runtime = "multi-process jax.distributed, gloo on loopback"
-            measured, tuple_element_s, step = calibrate.measure_multi_process(
+            collective_steps, tuple_element_s, step = calibrate.measure_multi_process(
                 args.processes, sizes, args.repeats
             )
-            bar.update(len(sizes))
+            bar.update(probes)
         else:
             runtime = "one process, N CPU devices"
-            measured = calibrate.measure_in_process(
+            collective_steps, tuple_element_s, step = calibrate.measure_in_process(
                 workers, sizes, args.repeats, lambda: bar.update(1)
             )
-            tuple_element_s = calibrate.measure_tuple_element_in_process(workers, args.repeats)
-            step = calibrate.measure_step_costs_in_process(workers)
         flops, bandwidth = calibrate.measure_device()
         bar.update(1)
     if awake:
         runtime += ", idle CPUs kept polling (--keep-cpus-awake)"
-    # The points become what each all-reduce adds to a step (`in_step_points`).
+    # The points become what each collective adds to a step (`in_step_points`).
+    measured = collective_steps.pop("all-reduce")
     fit = calibrate.fit_ring_model(calibrate.in_step_points(measured, step), workers)
+    collectives = {
+        kind: calibrate.in_step_points(points, step, kind)
+        for kind, points in collective_steps.items()
+    }
     profile = calibrate.cpu_profile(
-        fit, workers, runtime, flops, bandwidth, tuple_element_s, step, measured
+        fit,
+        workers,
+        runtime,
+        flops,
+        bandwidth,
+        tuple_element_s,
+        step,
+        measured,
+        collectives,
+        collective_steps,
     )
     from disco_xla.profiling.boundary_cost import measure_fusion_boundary_s
     from disco_xla.simulator.profiles import profile_from_dict
@@ -246,6 +259,10 @@ def _calibrate(args: argparse.Namespace) -> int:
         "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
         "max_relative_residual": fit.max_relative_residual,
         "points": fit.points,
+        "collective_points": {
+            kind: [{"bytes": size, "in_step_s": seconds} for size, seconds in points]
+            for kind, points in collectives.items()
+        },
         "peak_flops_f32": flops,
         "memory_bandwidth_bytes_per_s": bandwidth,
         "tuple_all_reduce_element_s": tuple_element_s,
@@ -254,6 +271,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "empty_step_s": step.empty_step_s,
         "kernel_time_scale": step.kernel_time_scale,
         "all_reduce_in_step_s": step.all_reduce_in_step_s,
+        "collective_in_step_s": step.collective_in_step_s,
         "worker_lag": step.worker_lag,
         "fusion_boundary_s": boundary.fusion_boundary_s,
         "fusion_boundary_probe": boundary.__dict__,
@@ -262,39 +280,50 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"all-reduce over {workers} workers ({runtime}):")
-        alpha_us, bandwidth_gb_s = fit.alpha_s * 1e6, fit.bandwidth_bytes_per_s / 1e9
-        print(f"  alpha {alpha_us:.1f} us per step, B {bandwidth_gb_s:.3f} GB/s")
-        for point in fit.points:
-            print(
-                f"  {point['bytes']:>11,} B  measured {point['measured_s'] * 1e3:9.3f} ms  "
-                f"fitted {point['fitted_s'] * 1e3:9.3f} ms  ({point['relative_residual']:+.0%})"
-            )
-        print(f"  each tensor of a tuple all-reduce adds {tuple_element_s * 1e6:.1f} us")
-        print(
-            f"  a step costs {step.step_overhead_s * 1e6:.1f} us + "
-            f"{step.step_buffer_s * 1e6:.2f} us per argument or result "
-            f"(an empty step: {step.empty_step_s * 1e6:.1f} us)"
-        )
-        if step.all_reduce_in_step_s is not None:
-            print(
-                f"  a 4 KB all-reduce adds {step.all_reduce_in_step_s * 1e6:.1f} us to a "
-                "computing step (the points above are as they add to one)"
-            )
-        print(f"  kernels take {step.kernel_time_scale:.2f}x their profiled time on shared cores")
-        print(
-            f"  at a collective the slowest worker is {step.worker_lag:.2f} of the kernel "
-            "time since the workers last met behind"
-        )
-        print(
-            f"  a kernel boundary costs {boundary.fusion_boundary_s * 1e6:.2f} us beyond its "
-            f"modelled kernel ({boundary.boundaries} boundaries: {boundary.xla_s * 1e3:.3f} ms "
-            f"-> {boundary.split_s * 1e3:.3f} ms, "
-            f"modelled +{boundary.modelled_extra_s * 1e3:.3f} ms)"
-        )
-        print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
-        print(f"wrote {args.output}")
+        _print_calibration(report)
     return 0
+
+
+def _print_calibration(report: dict) -> None:
+    """`disco-xla calibrate`'s report as text."""
+    print(f"all-reduce over {report['workers']} workers ({report['runtime']}):")
+    alpha_us, bandwidth_gb_s = report["alpha_s"] * 1e6, report["bandwidth_bytes_per_s"] / 1e9
+    print(f"  alpha {alpha_us:.1f} us per step, B {bandwidth_gb_s:.3f} GB/s")
+    for point in report["points"]:
+        print(
+            f"  {point['bytes']:>11,} B  measured {point['measured_s'] * 1e3:9.3f} ms  "
+            f"fitted {point['fitted_s'] * 1e3:9.3f} ms  ({point['relative_residual']:+.0%})"
+        )
+    for kind, points in report["collective_points"].items():
+        times = ", ".join(f"{p['bytes']:,} B {p['in_step_s'] * 1e3:.3f} ms" for p in points)
+        print(f"  {kind}: {times}")
+    element_us = report["tuple_all_reduce_element_s"] * 1e6
+    print(f"  each tensor of a tuple all-reduce adds {element_us:.1f} us")
+    print(
+        f"  a step costs {report['step_overhead_s'] * 1e6:.1f} us + "
+        f"{report['step_buffer_s'] * 1e6:.2f} us per argument or result "
+        f"(an empty step: {report['empty_step_s'] * 1e6:.1f} us)"
+    )
+    if report["all_reduce_in_step_s"] is not None:
+        print(
+            f"  a 4 KB all-reduce adds {report['all_reduce_in_step_s'] * 1e6:.1f} us to a "
+            "computing step (the points above are as they add to one)"
+        )
+    print(f"  kernels take {report['kernel_time_scale']:.2f}x their profiled time on shared cores")
+    print(
+        f"  at a collective the slowest worker is {report['worker_lag']:.2f} of the kernel "
+        "time since the workers last met behind"
+    )
+    boundary = report["fusion_boundary_probe"]
+    print(
+        f"  a kernel boundary costs {boundary['fusion_boundary_s'] * 1e6:.2f} us beyond its "
+        f"modelled kernel ({boundary['boundaries']} boundaries: {boundary['xla_s'] * 1e3:.3f} ms "
+        f"-> {boundary['split_s'] * 1e3:.3f} ms, "
+        f"modelled +{boundary['modelled_extra_s'] * 1e3:.3f} ms)"
+    )
+    flops, bandwidth = report["peak_flops_f32"], report["memory_bandwidth_bytes_per_s"]
+    print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
+    print(f"wrote {report['profile']}")
 
 
 def _others(count: int) -> str:

@@ -15,6 +15,13 @@ step (`in_step_points`): the wall time of a step that runs only that psum, less
 the least such time, plus what the smallest size measured inside a computing
 step. The step's own dispatch is counted once per step (`step_overhead_s`,
 `step_buffer_s`), not once per all-reduce.
+
+The other collectives (all-gather, reduce-scatter, all-to-all, collective-permute)
+are timed the same way at every other size (`collective_probes`), each on a
+buffer of that size as `graph.collective_bytes` counts it (the gathered result,
+the scattered operand), and become what each adds to a computing step by the
+all-reduce's offset (`collective_in_step_points`). The profile carries them as
+`calibration.collective_points`, which `comm.collective_s` reads.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from disco_xla.simulator.profiles import MEASURED_COLLECTIVE_KINDS
 from disco_xla.timing import median_seconds, paired_median_seconds, traced_events
 
 SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
@@ -109,6 +117,8 @@ class StepCosts:
       whose workers compute between all-reduces (`in_step_probe`), against
       what it takes alone in a step (the smallest all-reduce point): there the
       workers start it one after another, inside a step they reach it together.
+      `collective_in_step_s` holds the same for each of MEASURED_COLLECTIVE_KINDS
+      (`in_step_s` reads either).
     - `worker_lag`: how far behind the slowest worker reaches a collective, as a
       fraction of the kernel time since the workers last met. Workers that share
       cores drift apart as they compute, and the first to arrive waits. Measured
@@ -122,6 +132,14 @@ class StepCosts:
     kernel_time_scale: float = 1.0
     all_reduce_in_step_s: float | None = None
     worker_lag: float = 0.0
+    collective_in_step_s: dict[str, float] = field(default_factory=dict)
+
+    def in_step_s(self, kind: str) -> float | None:
+        """What one collective `kind` of IN_STEP_BYTES adds to a computing step,
+        or None where not measured."""
+        if kind == "all-reduce":
+            return self.all_reduce_in_step_s
+        return self.collective_in_step_s.get(kind)
 
     @classmethod
     def from_times(
@@ -132,6 +150,7 @@ class StepCosts:
         probe_kernel_s: float | None = None,
         all_reduce_in_step_s: float | None = None,
         worker_lag: float = 0.0,
+        collective_in_step_s: dict[str, float] | None = None,
     ) -> StepCosts:
         buffer_s = max(0.0, (many_pairs_s - one_pair_s) / (2 * (STEP_PAIRS - 1)))
         scale = 1.0
@@ -144,6 +163,7 @@ class StepCosts:
             scale,
             all_reduce_in_step_s,
             worker_lag,
+            collective_in_step_s or {},
         )
 
 
@@ -219,27 +239,32 @@ def traced_kernel_s(run: Callable[[], object], runs: int) -> float:
 
 
 def in_step_probe(
-    mesh, place_split: Callable, all_reduce: bool, kernel_bytes: int = IN_STEP_BYTES
+    mesh, place_split: Callable, collective: str | None, kernel_bytes: int = IN_STEP_BYTES
 ) -> Callable[[], object]:
     """A call of a step that runs IN_STEP_ROUNDS times a chain of IN_STEP_KERNELS
     elementwise kernels (XLA's fusion off, so each is a kernel) on a vector of
-    `kernel_bytes` per worker, each chain followed by an all-reduce of the
-    vector's first IN_STEP_BYTES when `all_reduce` (else not)."""
+    `kernel_bytes` per worker, each chain followed by the `collective` (a kind
+    of `collective_probes`; none when None) of a buffer of IN_STEP_BYTES taken
+    from the vector's start, whose result replaces as much of the vector."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    axis = mesh.axis_names[0]
-    reduced = IN_STEP_BYTES // 4
+    axis, workers = mesh.axis_names[0], mesh.size
+    elements = IN_STEP_BYTES // 4
+    apply, part = collective_probes(axis, workers)[collective or "all-reduce"]
 
     def rounds(x):
         for _ in range(IN_STEP_ROUNDS):
             for _ in range(IN_STEP_KERNELS):
                 x = jnp.sin(x)
-            if all_reduce and x.shape[0] == reduced:
-                x = jax.lax.psum(x, axis)
-            elif all_reduce:
-                x = jnp.concatenate([jax.lax.psum(x[:reduced], axis), x[reduced:]])
+            if collective is not None:
+                result = apply(x[: part(elements)])
+                x = (
+                    result
+                    if result.shape == x.shape
+                    else jnp.concatenate([result, x[result.shape[0] :]])
+                )
         return x
 
     vector = place_split(np.ones((kernel_bytes // 4,), np.float32))
@@ -251,14 +276,14 @@ def in_step_probe(
     return lambda: jax.block_until_ready(step(vector))
 
 
-def all_reduce_in_step(
-    mesh, place_split: Callable, kernel_bytes: int = IN_STEP_BYTES
+def collective_in_step(
+    mesh, place_split: Callable, kernel_bytes: int = IN_STEP_BYTES, kind: str = "all-reduce"
 ) -> tuple[float, float]:
-    """(what one all-reduce adds to a computing step, the kernel time of a round):
-    the medians of paired, alternating runs of `in_step_probe` with and without
-    its all-reduces, their difference divided by their count (at least 0), and
-    the step without them divided by its rounds."""
-    calls = [in_step_probe(mesh, place_split, flag, kernel_bytes) for flag in (True, False)]
+    """(what one collective `kind` adds to a computing step, the kernel time of a
+    round): the medians of paired, alternating runs of `in_step_probe` with and
+    without its collectives, their difference divided by their count (at least
+    0), and the step without them divided by its rounds."""
+    calls = [in_step_probe(mesh, place_split, chosen, kernel_bytes) for chosen in (kind, None)]
     for call in calls * 3:
         call()
     without_s, with_s = paired_median_seconds(*reversed(calls), IN_STEP_RUNS)
@@ -266,13 +291,13 @@ def all_reduce_in_step(
 
 
 def in_step_from(with_s: float, without_s: float) -> tuple[float, float]:
-    """`all_reduce_in_step` from the in-step probe's times with and without its
-    all-reduces."""
+    """`collective_in_step` from the in-step probe's times with and without its
+    collectives."""
     return max(0.0, (with_s - without_s) / IN_STEP_ROUNDS), without_s / IN_STEP_ROUNDS
 
 
 def worker_lag(small: tuple[float, float], large: tuple[float, float]) -> float:
-    """`StepCosts.worker_lag` from `all_reduce_in_step` with little and with much
+    """`StepCosts.worker_lag` from `collective_in_step` with little and with much
     kernel time a round: the all-reduce's growth over the kernel time's (>= 0)."""
     (small_s, small_round_s), (large_s, large_round_s) = small, large
     if large_round_s <= small_round_s:
@@ -288,8 +313,12 @@ def measure_step_costs(mesh, place: Callable, place_split: Callable) -> StepCost
     one_pair_s = median_seconds(steps[1], STEP_RUNS, warmup=10)
     many_pairs_s = median_seconds(steps[STEP_PAIRS], STEP_RUNS, warmup=10)
     probe_s = median_seconds(probe, PROBE_RUNS, warmup=3)
-    small = all_reduce_in_step(mesh, place_split)
-    large = all_reduce_in_step(mesh, place_split, IN_STEP_LAG_BYTES)
+    small = collective_in_step(mesh, place_split)
+    large = collective_in_step(mesh, place_split, IN_STEP_LAG_BYTES)
+    others = {
+        kind: collective_in_step(mesh, place_split, kind=kind)[0]
+        for kind in MEASURED_COLLECTIVE_KINDS
+    }
     return StepCosts.from_times(
         one_pair_s,
         many_pairs_s,
@@ -297,62 +326,116 @@ def measure_step_costs(mesh, place: Callable, place_split: Callable) -> StepCost
         traced_kernel_s(probe, PROBE_TRACED_RUNS),
         small[0],
         worker_lag(small, large),
+        others,
     )
 
 
-def measure_step_costs_in_process(devices: int) -> StepCosts:
-    """`StepCosts` over `devices` CPU devices of this process."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    mesh = Mesh(np.array(jax.devices("cpu")[:devices]), ("d",))
-    return measure_step_costs(
-        mesh,
-        lambda x: jax.device_put(x, NamedSharding(mesh, P())),
-        lambda x: jax.device_put(np.concatenate([x] * devices), NamedSharding(mesh, P("d"))),
-    )
-
-
-def in_step_points(measured: list[tuple[int, float]], step: StepCosts) -> list[tuple[int, float]]:
-    """All-reduce times as they add to a computing step: each measured time (a
-    step of that psum alone) less the least of them (the latency of a psum step
-    alone; the least, since a single size can stall), plus what the smallest size
-    measured inside a computing step (`StepCosts.all_reduce_in_step_s`): the
+def in_step_points(
+    measured: list[tuple[int, float]], step: StepCosts, kind: str = "all-reduce"
+) -> list[tuple[int, float]]:
+    """Times of collective `kind` as they add to a computing step: each measured
+    time (a step of that collective alone) less the least of them (the latency of
+    such a step alone; the least, since a single size can stall), plus what the
+    smallest size measured inside a computing step (`StepCosts.in_step_s`): the
     size-dependent part comes from the points, the fixed part from the step. No
     point goes below that in-step time. Without that measurement, each time less
     the empty step's, and at least 1% of it (a profile's points must be positive)."""
-    if step.all_reduce_in_step_s is None:
+    in_step_s = step.in_step_s(kind)
+    if in_step_s is None:
         return [(size, max(t - step.empty_step_s, 0.01 * t)) for size, t in measured]
-    in_step_s = max(step.all_reduce_in_step_s, 1e-9)
+    in_step_s = max(in_step_s, 1e-9)
     offset_s = min(seconds for _, seconds in measured) - in_step_s
     return [(size, max(seconds - offset_s, in_step_s)) for size, seconds in measured]
 
 
-def _time_call(fn: Callable, argument, repeats: int) -> float:
-    return median_seconds(lambda: fn(argument).block_until_ready(), repeats)
+def sizes_by_kind(sizes: list[int]) -> dict[str, list[int]]:
+    """The sizes each collective is timed at: the all-reduce at `sizes`, the
+    others (MEASURED_COLLECTIVE_KINDS) at every other one of them."""
+    return {"all-reduce": sizes, **{kind: sizes[::2] for kind in MEASURED_COLLECTIVE_KINDS}}
+
+
+def collective_probes(axis: str, workers: int) -> dict[str, tuple[Callable, Callable]]:
+    """{kind: (the collective on one worker's part of a vector over `axis`, the
+    length of that part for a buffer of n elements)} for the all-reduce and each
+    of MEASURED_COLLECTIVE_KINDS. The buffer is what `graph.collective_bytes`
+    counts: an all-gather's result (each worker gives n/p), a reduce-scatter's
+    operand; an all-reduce, an all-to-all and a permute (to the next worker in a
+    ring) move n."""
+    import jax
+
+    ring = [(rank, (rank + 1) % workers) for rank in range(workers)]
+    return {
+        "all-reduce": (lambda x: jax.lax.psum(x, axis), lambda n: n),
+        "all-gather": (lambda x: jax.lax.all_gather(x, axis, tiled=True), lambda n: n // workers),
+        "reduce-scatter": (lambda x: jax.lax.psum_scatter(x, axis, tiled=True), lambda n: n),
+        "all-to-all": (lambda x: jax.lax.all_to_all(x, axis, 0, 0, tiled=True), lambda n: n),
+        "collective-permute": (lambda x: jax.lax.ppermute(x, axis, ring), lambda n: n),
+    }
+
+
+def measure_collectives(
+    mesh,
+    place_split: Callable,
+    sizes: list[int],
+    repeats: int,
+    tick: Callable[[], None] = lambda: None,
+    kinds: tuple[str, ...] = ("all-reduce", *MEASURED_COLLECTIVE_KINDS),
+) -> dict[str, list[tuple[int, float]]]:
+    """{kind: [(bytes, seconds of a step that runs only that collective)]} for
+    the `kinds` of `collective_probes` over the workers of `mesh` at
+    `sizes_by_kind(sizes)`; each buffer is rounded down to a whole number of
+    elements per worker. Every worker must call it at the same time."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    axis, workers = mesh.axis_names[0], mesh.size
+    measured: dict[str, list[tuple[int, float]]] = {}
+    for kind in kinds:
+        kind_sizes = sizes_by_kind(sizes)[kind]
+        collective, part = collective_probes(axis, workers)[kind]
+        step = jax.jit(jax.shard_map(collective, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
+        for size in kind_sizes:
+            elements = size // 4 // workers * workers
+            data = place_split(np.ones((part(elements),), np.float32))
+            measured.setdefault(kind, []).append((4 * elements, _time_call(step, data, repeats)))
+            tick()
+    return measured
 
 
 def measure_in_process(
     devices: int, sizes: list[int], repeats: int, tick: Callable[[], None] = lambda: None
-) -> list[tuple[int, float]]:
-    """All-reduce (psum) times over `devices` CPU devices of this process."""
+) -> tuple[dict[str, list[tuple[int, float]]], float, StepCosts]:
+    """`measure_collectives`, `_tuple_element_s` and the `StepCosts` over
+    `devices` CPU devices of this process, in the order the processes take."""
     import jax
-    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     chosen = jax.devices("cpu")[:devices]
     if len(chosen) < devices:
         raise RuntimeError(f"need {devices} CPU devices, JAX has {len(chosen)}")
-    reduce = jax.pmap(lambda x: jax.lax.psum(x, "d"), axis_name="d", devices=chosen)
-    fill = jax.pmap(
-        lambda i, n: jnp.full((n,), i, jnp.float32), static_broadcasted_argnums=1, devices=chosen
+    mesh = Mesh(np.array(chosen), ("d",))
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
+
+    def place_split(x):
+        return jax.device_put(np.concatenate([x] * devices), split)
+
+    measured = measure_collectives(mesh, place_split, sizes, repeats, tick, ("all-reduce",))
+    as_tuple, as_one = tuple_probe("d")
+    data = np.ones((devices, TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4), np.float32)
+    tuple_element_s = _tuple_element_s(
+        jax.pmap(as_tuple, axis_name="d", devices=chosen),
+        jax.pmap(as_one, axis_name="d", devices=chosen),
+        data,
+        repeats,
     )
-    measured = []
-    for size in sizes:
-        data = fill(jnp.arange(devices, dtype=jnp.float32), size // 4)
-        measured.append((size, _time_call(reduce, data, repeats)))
-        tick()
-    return measured
+    step = measure_step_costs(mesh, lambda x: jax.device_put(x, replicated), place_split)
+    others = measure_collectives(mesh, place_split, sizes, repeats, tick, MEASURED_COLLECTIVE_KINDS)
+    return {**measured, **others}, tuple_element_s, step
+
+
+def _time_call(fn: Callable, argument, repeats: int) -> float:
+    return median_seconds(lambda: fn(argument).block_until_ready(), repeats)
 
 
 def _tuple_element_s(reduce_tuple: Callable, reduce_one: Callable, data, repeats: int) -> float:
@@ -386,22 +469,6 @@ def tuple_probe(axis: str) -> tuple[Callable, Callable]:
     return as_tuple, lambda x: jax.lax.psum(x, axis)
 
 
-def measure_tuple_element_in_process(devices: int, repeats: int) -> float:
-    """`_tuple_element_s` over `devices` CPU devices of this process."""
-    import jax
-    import jax.numpy as jnp
-
-    chosen = jax.devices("cpu")[:devices]
-    as_tuple, as_one = tuple_probe("d")
-    data = jnp.ones((devices, TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4), jnp.float32)
-    return _tuple_element_s(
-        jax.pmap(as_tuple, axis_name="d", devices=chosen),
-        jax.pmap(as_one, axis_name="d", devices=chosen),
-        data,
-        repeats,
-    )
-
-
 def measure_device(repeats: int = 5) -> tuple[float, float]:
     """(f32 matmul FLOP/s, memory bandwidth bytes/s) of one CPU device."""
     import jax
@@ -419,9 +486,9 @@ def measure_device(repeats: int = 5) -> tuple[float, float]:
 
 def measure_multi_process(
     processes: int, sizes: list[int], repeats: int, timeout_s: float = 900
-) -> tuple[list[tuple[int, float]], float, StepCosts]:
-    """All-reduce times over `processes` jax.distributed processes on loopback
-    (whole psum steps), `_tuple_element_s` and the `StepCosts` there."""
+) -> tuple[dict[str, list[tuple[int, float]]], float, StepCosts]:
+    """`measure_collectives` over `processes` jax.distributed processes on
+    loopback, `_tuple_element_s` and the `StepCosts` there."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -457,12 +524,15 @@ def measure_multi_process(
     if not marked:
         raise RuntimeError("calibration process 0 reported no result")
     result = json.loads(marked[-1][len(_RESULT_MARK) :])
-    points = [tuple(point) for point in result["points"]]
-    return points, result["tuple_element_s"], StepCosts(*result["step"])
+    collectives = {
+        kind: [tuple(point) for point in points] for kind, points in result["collectives"].items()
+    }
+    return collectives, result["tuple_element_s"], StepCosts(*result["step"])
 
 
 def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]) -> None:
-    """One jax.distributed process: psum over a mesh of one CPU device per process."""
+    """One jax.distributed process: psum and the other collectives over a mesh of
+    one CPU device per process."""
     import jax
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -470,15 +540,14 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=processes, process_id=rank)
     mesh = Mesh(np.array(jax.devices()), ("d",))
-    reduce = jax.jit(
-        jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=mesh, in_specs=P("d"), out_specs=P())
-    )
     sharding = NamedSharding(mesh, P("d"))
-    measured = []
-    for size in sizes:
-        local = np.full((size // 4,), rank, np.float32)
-        data = jax.make_array_from_process_local_data(sharding, local)
-        measured.append((size, _time_call(reduce, data, repeats)))
+    measured = measure_collectives(
+        mesh,
+        lambda x: jax.make_array_from_process_local_data(sharding, x),
+        sizes,
+        repeats,
+        kinds=("all-reduce",),
+    )
     as_tuple, as_one = (
         jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P()))
         for f in tuple_probe("d")
@@ -486,16 +555,27 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
     local = np.ones((TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4,), np.float32)
     data = jax.make_array_from_process_local_data(sharding, local)
     tuple_element_s = _tuple_element_s(as_tuple, as_one, data, repeats)
-    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("d"))
+    replicated = NamedSharding(mesh, P())
     step = measure_step_costs(
         mesh,
         lambda x: jax.make_array_from_process_local_data(replicated, x),
-        lambda x: jax.make_array_from_process_local_data(split, x),
+        lambda x: jax.make_array_from_process_local_data(sharding, x),
+    )
+    # After gloo has run the other collectives, its all-reduces time differently
+    # (a tuple all-reduce's tensors came out free): they are timed last.
+    measured.update(
+        measure_collectives(
+            mesh,
+            lambda x: jax.make_array_from_process_local_data(sharding, x),
+            sizes,
+            repeats,
+            kinds=MEASURED_COLLECTIVE_KINDS,
+        )
     )
     jax.distributed.shutdown()
     if rank == 0:
         result = {
-            "points": measured,
+            "collectives": measured,
             "tuple_element_s": tuple_element_s,
             "step": [
                 step.step_overhead_s,
@@ -504,6 +584,7 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
                 step.kernel_time_scale,
                 step.all_reduce_in_step_s,
                 step.worker_lag,
+                step.collective_in_step_s,
             ],
         }
         print(_RESULT_MARK + json.dumps(result), flush=True)
@@ -518,9 +599,13 @@ def cpu_profile(
     tuple_element_s: float = 0.0,
     step: StepCosts | None = None,
     psum_steps: list[tuple[int, float]] | None = None,
+    collectives: dict[str, list[tuple[int, float]]] | None = None,
+    collective_steps: dict[str, list[tuple[int, float]]] | None = None,
 ) -> dict:
     """The `cpu-threads` profile of this machine as a plain mapping for YAML.
-    `psum_steps`: the measured times the fitted points were made from (recorded)."""
+    `psum_steps`: the measured times the fitted points were made from (recorded);
+    `collectives`: the other collectives' in-step points, which the communication
+    model reads, and `collective_steps` the step times they were made from."""
     link = {"bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "latency_s": fit.alpha_s}
     return {
         "name": "cpu-local",
@@ -558,6 +643,7 @@ def cpu_profile(
                 {
                     "empty_step_s": float(step.empty_step_s),
                     "all_reduce_in_step_s": step.all_reduce_in_step_s,
+                    "collective_in_step_s": dict(step.collective_in_step_s),
                 }
                 if step is not None
                 else {}
@@ -565,8 +651,15 @@ def cpu_profile(
             **({"psum_step_s": [[int(b), float(t)] for b, t in psum_steps]} if psum_steps else {}),
             "max_relative_residual": fit.max_relative_residual,
             "points": fit.points,
+            **({"collective_points": _pairs_by_kind(collectives)} if collectives else {}),
+            **({"collective_step_s": _pairs_by_kind(collective_steps)} if collective_steps else {}),
         },
     }
+
+
+def _pairs_by_kind(points: dict[str, list[tuple[int, float]]]) -> dict[str, list[list]]:
+    """{kind: [[bytes, seconds], ...]} as plain YAML lists."""
+    return {kind: [[int(b), float(t)] for b, t in pairs] for kind, pairs in points.items()}
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

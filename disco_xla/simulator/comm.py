@@ -20,7 +20,11 @@ formulas' ratios, so that a calibrated all-reduce calibrates them too:
 - collective-permute and collective-broadcast send the whole buffer once,
   alpha + S/B on a ring: the all-reduce time · p / (2(p-1)), which matches the
   bandwidth term exactly and puts p·alpha for the latency.
-Every collective spans the profile's workers, as the all-reduce does.
+Every collective spans the profile's workers, as the all-reduce does. Where a
+one-node profile carries measured times for a collective
+(`ClusterProfile.collective_points`, written by `disco-xla calibrate`), its time
+is read off them as the all-reduce's is off its own points (below), and the
+ratio is not used.
 
 A one-node profile calibrated on this machine carries the measured times
 themselves (`ClusterProfile.all_reduce_points`); there the time is read off them
@@ -62,8 +66,9 @@ def _envelope(points: tuple[tuple[float, float], ...]) -> tuple[list[float], lis
     return sizes, times
 
 
-def measured_all_reduce_s(size_bytes: float, points: tuple[tuple[float, float], ...]) -> float:
-    """The all-reduce time of `size_bytes` read off measured (bytes, seconds) points."""
+def measured_s(size_bytes: float, points: tuple[tuple[float, float], ...]) -> float:
+    """The time of a collective of `size_bytes` read off its measured (bytes,
+    seconds) points."""
     sizes, times = _envelope(points)
     if size_bytes <= sizes[0] or len(sizes) == 1:
         return times[0] if size_bytes <= sizes[0] else times[0] * size_bytes / sizes[0]
@@ -81,7 +86,7 @@ def all_reduce_s(size_bytes: float, profile: ClusterProfile) -> float:
     if size_bytes <= 0 or profile.workers <= 1:
         return 0.0
     if profile.all_reduce_points and profile.nodes == 1:
-        return measured_all_reduce_s(size_bytes, profile.all_reduce_points)
+        return measured_s(size_bytes, profile.all_reduce_points)
     per_node, nodes = profile.devices_per_node, profile.nodes
     if nodes == 1:
         return ring_all_reduce_s(size_bytes, per_node, profile.intra_node)
@@ -123,7 +128,12 @@ def collective_s(
     kind: str, size_bytes: float, profile: ClusterProfile, all_reduce: CommCostFn = all_reduce_s
 ) -> float:
     """The time of collective `kind` (`graph.collective_kind`) on a buffer of
-    `size_bytes`, from the all-reduce model `all_reduce` by the ring ratios."""
+    `size_bytes`: read off the profile's measured points for that kind when it
+    has them and `all_reduce` is the profile's own model, else from the
+    all-reduce model `all_reduce` by the ring ratios."""
     if size_bytes <= 0 or profile.workers <= 1:
         return 0.0
+    points = profile.collective_points.get(kind) if profile.nodes == 1 else None
+    if points and all_reduce is all_reduce_s:
+        return measured_s(size_bytes, points)
     return all_reduce(size_bytes, profile) * _SHARE_OF_ALL_REDUCE[kind](profile.workers)

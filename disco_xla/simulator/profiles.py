@@ -19,6 +19,10 @@ A profile is a YAML file (`configs/clusters/NAME.yaml`, or any path). It gives:
   kernels take on cores the workers share (1 unless measured), and
   `worker_lag`, how far behind the slowest worker reaches a collective, as a
   fraction of the kernel time since the workers last met (0 unless measured).
+
+`disco-xla calibrate` also records what it measured under `calibration`: the
+all-reduce's (bytes, seconds) `points` and, for each of the other collectives it
+times, `collective_points` (`MEASURED_COLLECTIVE_KINDS`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ def profile_directories() -> list[Path]:
     """Where named profiles are looked up, first match wins."""
     extra = os.environ.get("DISCO_XLA_PROFILES")
     return [Path(p) for p in ([extra] if extra else [])] + [_REPO_CONFIGS, _INSTALLED_CONFIGS]
+
+
+# The collectives `disco-xla calibrate` times beside the all-reduce, named as
+# `graph.collective_kind` names them.
+MEASURED_COLLECTIVE_KINDS = ("all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,10 @@ class ClusterProfile:
     # profile's workers, by size. Where present, the communication model reads
     # them instead of the fitted ring formula (see `comm.all_reduce_s`).
     all_reduce_points: tuple[tuple[float, float], ...] = ()
+    # The same for other collectives, by kind (`MEASURED_COLLECTIVE_KINDS`), each
+    # point on a buffer of that many bytes as `graph.collective_bytes` counts it.
+    # Where present, `comm.collective_s` reads them instead of the ring ratios.
+    collective_points: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     source: str = ""
 
     @property
@@ -215,6 +228,7 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
         worker_lag=_optional_number(data, "worker_lag", 0.0, source),
         fusion_boundary_s=_optional_number(data, "fusion_boundary_s", 0.0, source),
         all_reduce_points=_calibration_points(data.get("calibration", {}), source),
+        collective_points=_collective_points(data.get("calibration", {}), source),
         efficiency=_number_map(data, "efficiency", "efficiency", source)
         if "efficiency" in data
         else {},
@@ -235,6 +249,36 @@ def _calibration_points(calibration: dict, source: str) -> tuple[tuple[float, fl
             for p in points
         )
     )
+
+
+def _collective_points(
+    calibration: dict, source: str
+) -> dict[str, tuple[tuple[float, float], ...]]:
+    """`calibration.collective_points`: {kind: [[bytes, seconds], ...]}."""
+    where = "calibration.collective_points"
+    by_kind = calibration.get("collective_points", {})
+    if not isinstance(by_kind, dict):
+        raise DiscoInputError(source, f"bad key {where!r}: expected a mapping by collective")
+    points = {}
+    for kind, pairs in by_kind.items():
+        if kind not in MEASURED_COLLECTIVE_KINDS:
+            raise DiscoInputError(
+                source, f"bad key '{where}.{kind}': use {', '.join(MEASURED_COLLECTIVE_KINDS)}"
+            )
+        if not isinstance(pairs, list) or not pairs:
+            raise DiscoInputError(source, f"bad key '{where}.{kind}': expected a list of points")
+        measured = []
+        for pair in pairs:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise DiscoInputError(
+                    source, f"bad key '{where}.{kind}': each point is [bytes, seconds]"
+                )
+            point = dict(zip(("bytes", "seconds"), pair, strict=True))
+            measured.append(
+                tuple(_positive(point, key, f"{where}.{kind}", source) for key in point)
+            )
+        points[kind] = tuple(sorted(measured))
+    return points
 
 
 def _optional_number(

@@ -112,6 +112,32 @@ def test_the_ring_ratios_of_the_collectives():
     assert bandwidth_term == pytest.approx(size / link.bandwidth_bytes_per_s)
 
 
+def test_measured_collective_points_replace_the_ratio_on_one_node():
+    import dataclasses
+
+    measured = ((4096.0, 3e-4), (65536.0, 1e-4), (1048576.0, 2e-3))
+    one_node = dataclasses.replace(
+        load_profile("h200-1x8-nvlink"), collective_points={"all-gather": measured}
+    )
+    # Read off the points (the 4 KB stall lowered to the larger size's time) ...
+    assert collective_s("all-gather", 4096, one_node) == pytest.approx(1e-4)
+    assert collective_s("all-gather", 65536 + (1048576 - 65536) / 2, one_node) == pytest.approx(
+        1.05e-3
+    )
+    # ... for the kind measured only: the others keep the ring ratio.
+    half = all_reduce_s(4096, one_node) / 2
+    assert collective_s("reduce-scatter", 4096, one_node) == pytest.approx(half)
+    # A caller's own all-reduce model gets the ratio from that model.
+    assert collective_s("all-gather", 4096, one_node, lambda size, p: 1.0) == pytest.approx(0.5)
+    # Points measured on one node say nothing of a cluster of several.
+    several = dataclasses.replace(
+        load_profile("a100-2x8-100g"), collective_points={"all-gather": measured}
+    )
+    assert collective_s("all-gather", 4096, several) == pytest.approx(
+        all_reduce_s(4096, several) / 2
+    )
+
+
 @pytest.mark.parametrize("cluster", ["a100-2x8-100g", "h200-8x8-ib400"])
 def test_the_simulator_costs_every_collective_by_its_kind(module, cluster):
     profile = load_profile(cluster)

@@ -11,8 +11,13 @@ import yaml
 
 from disco_xla import DiscoInputError
 from disco_xla.simulator.calibrate import fit_ring_model
-from disco_xla.simulator.comm import all_reduce_s, ring_all_reduce_s
-from disco_xla.simulator.profiles import Link, available_profiles, load_profile
+from disco_xla.simulator.comm import all_reduce_s, collective_s, ring_all_reduce_s
+from disco_xla.simulator.profiles import (
+    MEASURED_COLLECTIVE_KINDS,
+    Link,
+    available_profiles,
+    load_profile,
+)
 from tests.conftest import run_cli
 
 SHIPPED = ["a100-2x8-100g", "cpu-local", "h200-1x8-nvlink", "h200-8x8-ib400", "v100-2x8-25g"]
@@ -100,6 +105,18 @@ def test_unknown_profile_name_lists_the_valid_ones():
         (lambda d: d.update(kernel_time_scale=0), "kernel_time"),
         (lambda d: d.update(worker_lag=-0.5), "worker_lag"),
         (lambda d: d.update(calibration={"points": [{"bytes": 4096}]}), "calibration.points"),
+        (
+            lambda d: d.update(calibration={"collective_points": {"broadcast": [[4096, 1e-4]]}}),
+            "calibration.collective_points.broadcast",
+        ),
+        (
+            lambda d: d.update(calibration={"collective_points": {"all-gather": [[4096]]}}),
+            "each point is",
+        ),
+        (
+            lambda d: d.update(calibration={"collective_points": {"all-to-all": [[4096, -1]]}}),
+            "all-to-all.seconds",
+        ),
     ],
 )
 def test_a_malformed_profile_names_the_bad_key(tmp_path, edit, problem):
@@ -170,6 +187,23 @@ def test_calibrate_measures_fits_and_writes_a_loadable_profile(tmp_path, where):
     assert min(t for _, t in profile.all_reduce_points) == pytest.approx(
         max(report["all_reduce_in_step_s"], 1e-9)
     )
+    # The other collectives were timed at every other size, alone and inside a
+    # computing step, and the communication model now reads their points.
+    measured = report["collective_points"]
+    assert set(measured) == set(MEASURED_COLLECTIVE_KINDS) == set(profile.collective_points)
+    assert set(report["collective_in_step_s"]) == set(MEASURED_COLLECTIVE_KINDS)
+    for kind, points in measured.items():
+        assert [p["bytes"] for p in points] == [4096, 65536]
+        least = max(report["collective_in_step_s"][kind], 1e-9)
+        assert min(p["in_step_s"] for p in points) == pytest.approx(least)
+        assert profile.collective_points[kind] == tuple(
+            (pytest.approx(p["bytes"]), pytest.approx(p["in_step_s"])) for p in points
+        )
+        largest = points[-1]["in_step_s"]
+        assert collective_s(kind, 65536, profile) == pytest.approx(largest)
+        assert collective_s(kind, 4096, profile) == pytest.approx(
+            min(p["in_step_s"] for p in points)
+        )
 
 
 def test_calibrate_keeps_the_cpus_awake_when_asked_and_says_so(tmp_path):

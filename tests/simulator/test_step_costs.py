@@ -86,6 +86,21 @@ def test_all_reduce_points_become_what_an_all_reduce_adds_to_a_computing_step():
     )
 
 
+def test_other_collectives_points_use_their_own_in_step_time():
+    measured = [(4096, 1e-3), (65536, 4e-3)]
+    step = StepCosts(
+        1e-5, 1e-6, 2e-5, 1.0, all_reduce_in_step_s=2e-4, collective_in_step_s={"all-gather": 5e-5}
+    )
+    assert step.in_step_s("all-gather") == 5e-5 and step.in_step_s("all-reduce") == 2e-4
+    assert [t for _, t in in_step_points(measured, step, "all-gather")] == pytest.approx(
+        [5e-5, 3.05e-3]
+    )
+    # A kind without an in-step time falls back to the empty step's.
+    assert [t for _, t in in_step_points(measured, step, "all-to-all")] == pytest.approx(
+        [1e-3 - 2e-5, 4e-3 - 2e-5]
+    )
+
+
 def _kernel_time_before_each_collective(spans_ps) -> list[int]:
     """From a run's spans in start order: for each all-reduce, the kernel time
     (ps) started since the previous all-reduce started (or the step's start)."""
