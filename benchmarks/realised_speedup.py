@@ -173,41 +173,25 @@ def main() -> None:
 
 def _on_processes(args) -> list[dict]:
     """Capture here, measure on `args.processes` ranks; rank 0 writes the rows."""
-    import tempfile
-
     from fusion_boundary_cost import captured
-
-    from disco_xla.hlo_passes.hlo_io import save_module
-    from disco_xla.runtime.launch import launch
+    from on_processes import rows_on_processes
 
     if args.processes != DEVICES:
         raise SystemExit(f"--processes: the modules are captured for {DEVICES} devices")
-    with tempfile.TemporaryDirectory() as directory:
-        for index, name in enumerate(args.models):
-            save_module(captured(name), os.path.join(directory, f"{index}.hlo.pb"))
-        forwarded = ["--worker", directory, "--models", *args.models]
-        forwarded += ["--cluster", args.cluster, "--rounds", str(args.rounds)]
-        forwarded += ["--max-evals", str(args.max_evals)]
-        code = launch(os.path.abspath(__file__), forwarded, args.processes, timeout_s=3600)
-        if code:
-            raise SystemExit(f"the {args.processes} ranks failed (exit code {code})")
-        with open(os.path.join(directory, "rows.json")) as file:
-            return json.load(file)
+    forwarded = ["--cluster", args.cluster, "--rounds", str(args.rounds)]
+    forwarded += ["--max-evals", str(args.max_evals)]
+    return rows_on_processes(__file__, args.models, captured, forwarded, args.processes)
 
 
 def _worker(args) -> None:
     """One rank: measure each saved module; rank 0 writes rows.json."""
-    import jax
+    from on_processes import worker_rows
 
-    from disco_xla.hlo_passes.hlo_io import load_module
-
-    rows = []
-    for index, name in enumerate(args.models):
-        module = load_module(os.path.join(args.worker, f"{index}.hlo.pb"))
-        rows.append(measure(name, args.cluster, args.rounds, args.max_evals, module))
-    if jax.process_index() == 0:
-        with open(os.path.join(args.worker, "rows.json"), "w") as file:
-            json.dump(rows, file)
+    worker_rows(
+        args.worker,
+        args.models,
+        lambda name, module: measure(name, args.cluster, args.rounds, args.max_evals, module),
+    )
 
 
 if __name__ == "__main__":

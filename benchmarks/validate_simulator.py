@@ -65,7 +65,7 @@ NO_FUSION_NO_COMBINER = {"xla_disable_hlo_passes": "cpu-all-reduce-combiner,fusi
 # Names of calibrate's probes, timed with the plans (unless --no-probes).
 PROBE, IN_STEP, IN_STEP_NONE = "probe:compute", "probe:all-reduces", "probe:no-all-reduces"
 EMPTY, EMPTY_MANY = "probe:empty-step", "probe:empty-step-many"
-TUPLE, TUPLE_ONE = "probe:tuple-all-reduce", "probe:one-all-reduce"
+TUPLE = "probe:tuple-all-reduce"
 LAG, LAG_NONE = "probe:all-reduces-more-kernels", "probe:no-all-reduces-more-kernels"
 
 
@@ -255,23 +255,12 @@ def _placements(mesh):
 def _probes(mesh) -> dict:
     """`disco-xla calibrate`'s probes of the machine-speed terms of a profile, to
     be timed with a step's plans: the empty steps, the compute probe, the in-step
-    all-reduce probe (with and without its all-reduces) and the tuple all-reduce
-    probe (a tuple of tensors, and their bytes as one)."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
+    all-reduce probe (with and without its all-reduces, and with each as a tuple
+    of tensors)."""
     from disco_xla.simulator import calibrate
 
     place, place_split = _placements(mesh)
     empty = calibrate.empty_steps(mesh, place)
-    axis = mesh.axis_names[0]
-    vector = place_split(
-        np.ones((calibrate.TUPLE_TENSORS * calibrate.TUPLE_TENSOR_BYTES // 4,), np.float32)
-    )
-    as_tuple, as_one = (
-        jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P(axis), out_specs=P(), check_vma=False))
-        for f in calibrate.tuple_probe(axis)
-    )
     return {
         EMPTY: empty[1],
         EMPTY_MANY: empty[calibrate.STEP_PAIRS],
@@ -280,8 +269,7 @@ def _probes(mesh) -> dict:
         IN_STEP_NONE: calibrate.in_step_probe(mesh, place_split, None),
         LAG: calibrate.in_step_probe(mesh, place_split, "all-reduce", calibrate.IN_STEP_LAG_BYTES),
         LAG_NONE: calibrate.in_step_probe(mesh, place_split, None, calibrate.IN_STEP_LAG_BYTES),
-        TUPLE: lambda: jax.block_until_ready(as_tuple(vector)),
-        TUPLE_ONE: lambda: jax.block_until_ready(as_one(vector)),
+        TUPLE: calibrate.in_step_probe(mesh, place_split, calibrate.TUPLE_ALL_REDUCE),
     }
 
 
@@ -322,7 +310,7 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
         kernel_time_scale=step.kernel_time_scale,
         worker_lag=step.worker_lag,
         all_reduce_points=points,
-        tuple_all_reduce_element_s=calibrate.tuple_element_from(median(TUPLE), median(TUPLE_ONE)),
+        tuple_all_reduce_element_s=calibrate.tuple_element_from(median(TUPLE), median(IN_STEP)),
     )
 
 

@@ -413,6 +413,10 @@ def _optimize(args: argparse.Namespace) -> int:
         raise DiscoInputError("optimize", "--budget-s and --max-evals must be positive")
     if args.alpha < 1:
         raise DiscoInputError("optimize", "--alpha must be at least 1")
+    if args.candidates < 1 or args.measure_budget_s <= 0:
+        raise DiscoInputError(
+            "optimize", "--candidates must be at least 1 and --measure-budget-s positive"
+        )
     from tqdm import tqdm
 
     from disco_xla.runtime.xla_runner import compile_module
@@ -450,6 +454,7 @@ def _optimize(args: argparse.Namespace) -> int:
             max_evaluations=args.max_evals,
             seed=args.seed,
             on_search=on_search,
+            keep=args.candidates,
         )
     finally:
         for bar in bars:
@@ -463,7 +468,11 @@ def _optimize(args: argparse.Namespace) -> int:
         raise DiscoInputError(plan_path, f"cannot write it ({error.strerror})") from None
     written = None
     if plan_path != args.output:  # -o names a module: search and apply in one go
-        written = _write_checked(module, best.plan, plan_path, args)
+        written = _write_checked(module, best.plan, plan_path, args, comparison)
+        if written.plan is not None and written.plan != best.plan:
+            # Measured faster than the search's first choice: its plan is the one kept.
+            with open(plan_path, "w") as file:
+                file.write(written.plan.to_json())
     if args.report:
         from disco_xla.report import write_report
 
@@ -489,17 +498,29 @@ def _optimize(args: argparse.Namespace) -> int:
     print(f"wrote {plan_path}")
     if written is not None:
         print(_written_line(args.output, written))
+        _print_candidates(written)
     return 0
 
 
-def _write_checked(module, plan, plan_source: str, args: argparse.Namespace):
+def _write_checked(module, plan, plan_source: str, args: argparse.Namespace, comparison=None):
     """Rewrite `module` for `plan`, checked on this machine (unless --no-check),
-    and save the program `planning.checked_rewrite` chose to `args.output`."""
+    and save the program `planning.checked_rewrite` chose to `args.output`.
+    With the search's `comparison`, its next best plans and the best baseline
+    are measured beside the plan (--candidates)."""
     from disco_xla.hlo_passes.hlo_io import save_module
-    from disco_xla.planning import checked_rewrite
+    from disco_xla.planning import checked_rewrite, measured_alternatives
 
     if args.rounds < 1:
         raise DiscoInputError(args.file, "--rounds must be at least 1")
+    alternatives, simulated = {}, {}
+    if comparison is not None:
+        baselines = {
+            name: (baseline.plan, comparison.results[name].iteration_s)
+            for name, baseline in comparison.baselines.items()
+        }
+        alternatives, simulated = measured_alternatives(
+            comparison.found.top_plans, baselines, args.candidates
+        )
     written = checked_rewrite(
         module,
         plan,
@@ -507,6 +528,9 @@ def _write_checked(module, plan, plan_source: str, args: argparse.Namespace):
         buckets_only=args.buckets_only,
         check=not args.no_check,
         rounds=args.rounds,
+        alternatives=alternatives,
+        simulated_s=simulated,
+        budget_s=getattr(args, "measure_budget_s", None),
     )
     save_module(written.module, args.output)
     return written
@@ -514,12 +538,36 @@ def _write_checked(module, plan, plan_source: str, args: argparse.Namespace):
 
 def _written_line(path: str, written) -> str:
     """One line: what was written to `path`, and why."""
+    label = written.written
     what = {
         "plan": "the plan (fusion boundaries and buckets)",
         "buckets": "the plan's buckets alone",
         "original": "the original module unchanged",
-    }[written.written]
+    }.get(label) or (
+        f"the {label.split(':', 1)[1]} baseline's plan"
+        if label.startswith("baseline:")
+        else f"the search's plan ranked {label.rsplit('-', 1)[1]}"
+    )
     return f"wrote {path}: {what}; {written.why}"
+
+
+def _print_candidates(written) -> None:
+    """Each measured candidate's times against XLA's own program, a line each."""
+    if written.original_s is None:
+        return
+    print(f"  xla (XLA's own program)  measured {written.original_s * 1e3:.3f} ms")
+    for label, entry in written.candidates.items():
+        if "seconds" not in entry:
+            why = entry.get("error") or f"the same program as the {entry.get('same_as')}"
+            print(f"  {label:24s} {why}")
+            continue
+        simulated = entry.get("simulated_s")
+        print(
+            f"  {label:24s} measured {entry['seconds'] * 1e3:.3f} ms "
+            f"({written.original_s / entry['seconds']:.2f}x XLA's speed)"
+            + (f", simulated {simulated * 1e3:.3f} ms" if simulated is not None else "")
+            + ("" if entry["equal"] else ", outputs differ")
+        )
 
 
 def _load_plan(path: str):
@@ -829,6 +877,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--output",
         required=True,
         help="PLAN.json, or a module path (.pb, .txt, ...) to search and apply in one go",
+    )
+    optimize.add_argument(
+        "--candidates",
+        type=int,
+        default=4,
+        help="with -o MODULE: measure the search's best K plans, the first one's buckets "
+        "alone and the best baseline, and write the fastest (default 4)",
+    )
+    optimize.add_argument(
+        "--measure-budget-s",
+        type=float,
+        default=60.0,
+        help="the most the timed rounds of that measurement may take (default 60)",
     )
     optimize.add_argument("--report", help="write an HTML report here")
     optimize.add_argument("--json", action="store_true")

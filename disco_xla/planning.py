@@ -139,12 +139,17 @@ class CheckedRewrite:
     """What a safe rewrite wrote, and the measurements that chose it."""
 
     module: HloModule  # the program to write
-    written: str  # 'plan', 'buckets' (the plan's buckets alone) or 'original'
+    written: (
+        str  # 'plan', 'buckets' (the plan's buckets alone), an alternative's label, or 'original'
+    )
     why: str  # one line: why this one
     original_s: float | None  # median step times, paired (None when not measured)
     written_s: float | None
     equal: bool | None  # the written program's outputs against the original's
-    candidates: dict  # label -> {'seconds', 'equal', 'max_rel_diff'}, or {'error'}
+    # label -> {'seconds', 'equal', 'max_rel_diff'} (and 'simulated_s' where
+    # known), {'error'}, or {'same_as': the label of the same program}
+    candidates: dict
+    plan: Plan | None = None  # the plan written (whole, or its buckets); None: the original
 
     def measured(self) -> dict | None:
         """The `measured` object of the CLI's JSON (None when not checked)."""
@@ -166,16 +171,23 @@ def checked_rewrite(
     buckets_only: bool = False,
     check: bool = True,
     rounds: int = 5,
+    alternatives: dict[str, Plan] | None = None,
+    simulated_s: dict[str, float] | None = None,
+    budget_s: float | None = None,
 ) -> CheckedRewrite:
     """The best program for `plan` that is never slower than `module` nor
-    computes differently: the plan (fusion boundaries and buckets), else its
-    buckets alone, else `module` unchanged. Each candidate is run against the
+    computes differently: the plan (fusion boundaries and buckets), its buckets
+    alone, or one of the `alternatives` (label -> plan: the search's next best
+    plans, the best baseline; each rewritten whole, or its buckets alone with
+    `buckets_only`), else `module` unchanged. Each candidate is run against the
     original on the same random inputs on this machine's CPU devices, timed in
-    paired rotating rounds; the fastest one that is equal and faster than the
-    original is written (timed against XLA's own program of `module`, all-reduce
-    combiner on). `check=False` writes the plan (or its buckets) unmeasured,
-    for a module meant for another machine. Raises DiscoInputError when the
-    module cannot be checked here, or the plan does not fit it."""
+    paired rotating rounds (their wall time capped by `budget_s`); the fastest
+    one that is equal and faster than the original is written (timed against
+    XLA's own program of `module`, all-reduce combiner on). The report gives each
+    candidate's measured time, and its simulated time from `simulated_s` (by
+    label) where known. `check=False` writes the plan (or its buckets)
+    unmeasured, for a module meant for another machine. Raises DiscoInputError
+    when the module cannot be checked here, or the plan does not fit it."""
     from disco_xla.errors import DiscoInputError
     from disco_xla.runtime.apply import RewriteError, time_candidates
     from disco_xla.runtime.xla_runner import devices_needed
@@ -187,7 +199,7 @@ def checked_rewrite(
             written = rewrite(module, plan, fusion=kind == "plan", source=source)
         except RewriteError as error:
             raise DiscoInputError(source, str(error)) from None
-        return CheckedRewrite(written, kind, "not checked (--no-check)", None, None, None, {})
+        return CheckedRewrite(written, kind, "not checked (--no-check)", None, None, None, {}, plan)
     devices = devices_needed(module)
     if devices > MAX_CHECK_DEVICES:
         raise DiscoInputError(
@@ -197,18 +209,26 @@ def checked_rewrite(
         )
     candidates: dict[str, HloModule] = {}
     report: dict[str, dict] = {}
-    for kind in kinds:
+    wanted = {kind: (plan, kind == "plan") for kind in kinds}
+    for label, other in (alternatives or {}).items():
+        wanted[label] = (other, not buckets_only)
+    for label, (each, fusion) in wanted.items():
         try:
-            candidate = rewrite(module, plan, fusion=kind == "plan", source=source)
+            candidate = rewrite(module, each, fusion=fusion, source=source)
         except RewriteError as error:
-            report[kind] = {"error": str(error)}
+            report[label] = {"error": str(error)}
             continue
-        if any(c.fingerprint == candidate.fingerprint for c in candidates.values()):
-            continue  # no fusion departure: the plan is its buckets
-        candidates[kind] = candidate
+        same = [c for c, m in candidates.items() if m.fingerprint == candidate.fingerprint]
+        if same and label not in kinds:
+            report[label] = {"same_as": same[0]}
+        if same:
+            continue  # e.g. no fusion departure: the plan is its buckets
+        candidates[label] = candidate
     # Against XLA's own program (combiner on): what the user would run otherwise.
     try:
-        original_s, results = time_candidates(module, candidates, devices, rounds, 0, ())
+        original_s, results = time_candidates(
+            module, candidates, devices, rounds, 0, (), budget_s=budget_s
+        )
     except Exception as error:  # noqa: BLE001 - XLA's errors: the module does not run here
         message = " ".join(str(error).split())[:300]
         raise DiscoInputError(
@@ -222,6 +242,9 @@ def checked_rewrite(
             "equal": result.outputs.equal,
             "max_rel_diff": result.outputs.max_rel_diff,
         }
+    for label, seconds in (simulated_s or {}).items():
+        if label in report:
+            report[label]["simulated_s"] = seconds
     passing = [
         kind
         for kind in results
@@ -233,16 +256,52 @@ def checked_rewrite(
         if best != kinds[0]:
             why += f"; the {kinds[0]} was {_refusal(report[kinds[0]], original_s)}"
         return CheckedRewrite(
-            candidates[best], best, why, original_s, results[best].seconds, True, report
+            candidates[best],
+            best,
+            why,
+            original_s,
+            results[best].seconds,
+            True,
+            report,
+            wanted[best][0],
         )
     refusals = "; ".join(f"the {kind} {_refusal(report[kind], original_s)}" for kind in report)
     return CheckedRewrite(module, "original", refusals, original_s, original_s, True, report)
+
+
+def measured_alternatives(
+    top_plans: tuple[tuple[float, Plan], ...],
+    baselines: dict[str, tuple[Plan, float]],
+    count: int,
+) -> tuple[dict[str, Plan], dict[str, float]]:
+    """The plans to measure beside the search's best (`checked_rewrite`'s
+    `alternatives`), and every candidate's simulated seconds by label: the
+    search's next best (`top_plans`, best first, simulated seconds and plan)
+    up to `count` plans in all, labelled 'candidate-2', 'candidate-3', ...; and
+    the baseline with the least simulated time (`baselines`: name -> (plan,
+    seconds), XLA's own program and the unfused plan left out), labelled
+    'baseline:NAME'. The search's best is 'plan'."""
+    alternatives: dict[str, Plan] = {}
+    simulated: dict[str, float] = {}
+    for rank, (seconds, plan) in enumerate(top_plans[:count], start=1):
+        label = "plan" if rank == 1 else f"candidate-{rank}"
+        if rank > 1:
+            alternatives[label] = plan
+        simulated[label] = seconds
+    others = {name: entry for name, entry in baselines.items() if name not in ("xla", "none")}
+    if others:
+        name = min(others, key=lambda n: (others[n][1], n))
+        alternatives[f"baseline:{name}"] = others[name][0]
+        simulated[f"baseline:{name}"] = others[name][1]
+    return alternatives, simulated
 
 
 def _refusal(entry: dict, original_s: float) -> str:
     """Why a measured candidate was not written, in a few words."""
     if "error" in entry:
         return f"failed ({entry['error']})"
+    if "same_as" in entry:
+        return f"the same program as the {entry['same_as']}"
     if not entry["equal"]:
         return f"computed differently (max relative difference {entry['max_rel_diff']:.2g})"
     if entry["seconds"] >= original_s:

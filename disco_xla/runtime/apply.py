@@ -213,14 +213,16 @@ def time_candidates(
     rounds: int = 5,
     seed: int = 0,
     original_disabled_passes: Sequence[str] = NO_COMBINER,
+    budget_s: float | None = None,
 ) -> tuple[float, dict[str, CandidateResult]]:
     """Run the original and each candidate (a rewrite of it) on the same random
     inputs on `devices` CPU devices; compare each candidate's outputs with the
     original's, and time all of them in paired rounds whose order rotates (the
     machine is noisy). Candidates compile with XLA's all-reduce combiner off (it
     would merge their buckets again); the original with `original_disabled_passes`
-    off (`()`: XLA's own program). Returns the original's median step time and
-    each candidate's result."""
+    off (`()`: XLA's own program). `budget_s` caps the timed rounds' wall time
+    (fewer rounds, at least one; compiling and the first runs are not counted).
+    Returns the original's median step time and each candidate's result."""
     programs = {"": program_for(original, devices, original_disabled_passes)}
     for label, module in candidates.items():
         programs[label] = program_for(module, devices, NO_COMBINER)
@@ -240,16 +242,16 @@ def time_candidates(
         run()
     start = time.perf_counter()
     runners[""]()
+    step_s = time.perf_counter() - start
     # A round times each program over several steps when one step is short.
-    # Over several processes every rank must run the same steps (their
-    # collectives pair up), so rank 0's count is used.
-    steps = int(
+    # Over several processes every rank must run the same steps and rounds
+    # (their collectives pair up), so rank 0's counts are used.
+    steps, rounds = map(
+        int,
         broadcast(
             _next_topic("time_candidates/steps"),
-            lambda: str(
-                max(1, min(MAX_STEPS_PER_ROUND, int(ROUND_S / (time.perf_counter() - start))))
-            ),
-        )
+            lambda: "{},{}".format(*_steps_and_rounds(step_s, len(runners), rounds, budget_s)),
+        ).split(","),
     )
     labels = list(runners)
     times: dict[str, list[float]] = {label: [] for label in labels}
@@ -267,6 +269,17 @@ def time_candidates(
         for label in candidates
     }
     return float(np.median(times[""])), results
+
+
+def _steps_and_rounds(
+    step_s: float, programs: int, rounds: int, budget_s: float | None
+) -> tuple[int, int]:
+    """(steps a round times each program over, rounds) for a step of `step_s`:
+    about ROUND_S a program a round, and no more rounds than fit `budget_s`."""
+    steps = max(1, min(MAX_STEPS_PER_ROUND, int(ROUND_S / max(step_s, 1e-9))))
+    if budget_s is not None:
+        rounds = max(1, min(rounds, int(budget_s / (programs * steps * max(step_s, 1e-9)))))
+    return steps, rounds
 
 
 _topics_used: Counter[str] = Counter()

@@ -66,6 +66,9 @@ class SearchResult:
     start_s: float
     evaluations: int
     search_s: float
+    # The best distinct plans evaluated, best first, with their simulated
+    # seconds: up to `keep` of them (`search`); the first is `plan`.
+    top_plans: tuple[tuple[float, Plan], ...] = ()
 
 
 def greedy_fusion_plan(module: HloModule) -> Plan:
@@ -268,9 +271,12 @@ def search(
     moves: str = "all",
     costs: GroupCosts | None = None,
     within_groups: tuple[tuple[str, ...], ...] | None = None,
+    keep: int = 1,
 ) -> SearchResult:
     """Best-first backtracking from the best of `start_plans` (so the result is
-    never worse than any of them). `moves` limits the search to 'fusion' or
+    never worse than any of them). The result also holds the `keep` best
+    distinct plans it evaluated (`SearchResult.top_plans`), the candidates to
+    measure. `moves` limits the search to 'fusion' or
     'bucketing' moves, for the ablations. The start plans' simulations count as
     evaluations. `costs` caches kernel times across searches of one module and
     cost model.
@@ -303,6 +309,7 @@ def search(
             moves,
             costs or GroupCosts(module, cost_model, profile.kernel_time_scale),
             None if within_groups is None else _group_numbers(within_groups),
+            _Best(keep),
         )
     finally:
         if collecting:
@@ -322,6 +329,7 @@ def _search(
     moves,
     costs,
     group_of_name,
+    kept,
 ) -> SearchResult:
     rng = random.Random(seed)
     started = time.perf_counter()
@@ -354,6 +362,8 @@ def _search(
         best_s = min(best_s, seconds)
         on_evaluation(evaluations, best_s)
         scored.append((seconds, len(scored), plan))
+        if kept.wants(seconds):
+            kept.add(seconds, plan)
     if not scored:
         raise DiscoInputError("search", "no legal start plan")
     start_s, _, start_plan = min(scored)
@@ -391,6 +401,8 @@ def _search(
             improved = seconds < best_s
             if improved:
                 best_s, best_plan = seconds, state.child_plan(move)
+            if kept.wants(seconds):
+                kept.add(seconds, best_plan if improved else state.child_plan(move))
             on_evaluation(evaluations, best_s)
             if seconds < alpha * best_s:
                 child = best_plan if improved else state.child_plan(move)
@@ -413,4 +425,29 @@ def _search(
         start_s=start_s,
         evaluations=evaluations,
         search_s=time.perf_counter() - started,
+        top_plans=kept.best_first(),
     )
+
+
+class _Best:
+    """The `size` lowest-time plans added; on a tie, the earlier stays."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._heap: list[tuple[float, int, Plan]] = []  # (-seconds, -order, plan)
+        self._added = 0
+
+    def wants(self, seconds: float) -> bool:
+        """Whether a plan of `seconds` would be kept (build it only then)."""
+        return len(self._heap) < self.size or -seconds > self._heap[0][0]
+
+    def add(self, seconds: float, plan: Plan) -> None:
+        self._added += 1
+        entry = (-seconds, -self._added, plan)
+        if len(self._heap) < self.size:
+            heapq.heappush(self._heap, entry)
+        else:
+            heapq.heapreplace(self._heap, entry)
+
+    def best_first(self) -> tuple[tuple[float, Plan], ...]:
+        return tuple((-s, plan) for s, _, plan in sorted(self._heap, reverse=True))

@@ -56,10 +56,12 @@ def compare_plans(
     max_evaluations: int = 1000,
     seed: int = 0,
     on_search: Callable[[str], Callable[[int, float], None]] | None = None,
+    keep: int = 1,
 ) -> Comparison:
     """Simulate every baseline, run both ablations and the full search (each with
     the whole budget), and simulate what they found. `on_search(label)` gives the
-    progress callback of each search."""
+    progress callback of each search. The full search keeps its `keep` best
+    plans (`SearchResult.top_plans`)."""
     baselines = captured_baselines(module, compiled_separate, profile, cost_model)
     # XLA's own groups: what the rewrite leaves to XLA. Plans only split them, and
     # pay the profile's boundary cost for each group that departs.
@@ -104,6 +106,7 @@ def compare_plans(
             moves=moves,
             costs=costs,
             within_groups=own_groups,
+            keep=keep if label == "found" else 1,
         )
         results[label] = run(build_task_graph(module, searches[label].plan), xla_compute_s)
     return Comparison(baselines, {name: results[name] for name in ROWS}, searches)

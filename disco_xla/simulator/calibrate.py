@@ -5,10 +5,12 @@ T(S) = 2(p-1)·alpha + 2(p-1)/p · S/B is linear in (alpha, 1/B), so an ordinary
 least-squares fit over sizes from 4 KB to 256 MB gives both. Two runtimes:
 N CPU devices in one process, or N `jax.distributed` processes on loopback (gloo).
 The same run measures this machine's f32 matmul rate and memory bandwidth, and
-what each tensor of a tuple all-reduce (XLA:CPU's combined all-reduce) adds:
-(T(tuple of k tensors) - T(their bytes as one tensor)) / (k - 1), and what a
-step costs beyond its kernels and all-reduces (see `StepCosts`). It writes a
-`cpu-threads` profile.
+what each tensor of a tuple all-reduce (XLA:CPU's combined all-reduce) adds
+inside a computing step: (T(tuple of k tensors) - T(their bytes as one tensor)) /
+(k - 1), each after a chain of kernels (`tuple_element_in_step`; timed in a step
+of its own it came out 5-7x smaller, see benchmarks/BENCHMARKS.md, "Rank
+fidelity"), and what a step costs beyond its kernels and all-reduces (see
+`StepCosts`). It writes a `cpu-threads` profile.
 
 Each all-reduce point is what an all-reduce of that size adds to a computing
 step (`in_step_points`): the wall time of a step that runs only that psum, less
@@ -19,8 +21,8 @@ step. The step's own dispatch is counted once per step (`step_overhead_s`,
 The other collectives (all-gather, reduce-scatter, all-to-all, collective-permute)
 are timed the same way at every other size (`collective_probes`), each on a
 buffer of that size as `graph.collective_bytes` counts it (the gathered result,
-the scattered operand), and become what each adds to a computing step by the
-all-reduce's offset (`collective_in_step_points`). The profile carries them as
+the scattered operand), and become what each adds to a computing step with its
+own in-step probe (`in_step_points`). The profile carries them as
 `calibration.collective_points`, which `comm.collective_s` reads.
 """
 
@@ -41,8 +43,13 @@ from disco_xla.simulator.profiles import MEASURED_COLLECTIVE_KINDS
 from disco_xla.timing import median_seconds, paired_median_seconds, traced_events
 
 SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
-# The tuple all-reduce probe: 16 tensors of 16 KB against one of 256 KB.
-TUPLE_TENSORS, TUPLE_TENSOR_BYTES = 16, 16 * 1024
+# The tuple all-reduce probe: the in-step probe's all-reduce (IN_STEP_BYTES) as a
+# tuple of TUPLE_TENSORS tensors, against it as one tensor (`in_step_probe`).
+TUPLE_TENSORS = 16
+TUPLE_ALL_REDUCE = "tuple all-reduce"
+# The largest buffer the other collectives are timed on: gloo's all-gather of
+# 256 MB (128 MB from each of 2 processes) hung on loopback in 2 of 3 runs here.
+OTHER_KINDS_MAX_BYTES = 16 * 2**20
 _RESULT_MARK = "disco-xla-calibration: "
 # The empty-step probe: steps of 1 and of STEP_PAIRS (argument, result) pairs,
 # each timed over STEP_RUNS runs (a step takes tens of microseconds).
@@ -244,7 +251,8 @@ def in_step_probe(
     """A call of a step that runs IN_STEP_ROUNDS times a chain of IN_STEP_KERNELS
     elementwise kernels (XLA's fusion off, so each is a kernel) on a vector of
     `kernel_bytes` per worker, each chain followed by the `collective` (a kind
-    of `collective_probes`; none when None) of a buffer of IN_STEP_BYTES taken
+    of `collective_probes`, or TUPLE_ALL_REDUCE: the all-reduce's buffer as a
+    tuple of TUPLE_TENSORS; none when None) of a buffer of IN_STEP_BYTES taken
     from the vector's start, whose result replaces as much of the vector."""
     import jax
     import jax.numpy as jnp
@@ -252,7 +260,9 @@ def in_step_probe(
 
     axis, workers = mesh.axis_names[0], mesh.size
     elements = IN_STEP_BYTES // 4
-    apply, part = collective_probes(axis, workers)[collective or "all-reduce"]
+    probes = collective_probes(axis, workers)
+    probes[TUPLE_ALL_REDUCE] = (tuple_probe(axis), lambda n: n)
+    apply, part = probes[collective or "all-reduce"]
 
     def rounds(x):
         for _ in range(IN_STEP_ROUNDS):
@@ -350,8 +360,10 @@ def in_step_points(
 
 def sizes_by_kind(sizes: list[int]) -> dict[str, list[int]]:
     """The sizes each collective is timed at: the all-reduce at `sizes`, the
-    others (MEASURED_COLLECTIVE_KINDS) at every other one of them."""
-    return {"all-reduce": sizes, **{kind: sizes[::2] for kind in MEASURED_COLLECTIVE_KINDS}}
+    others (MEASURED_COLLECTIVE_KINDS) at every other one of them up to
+    OTHER_KINDS_MAX_BYTES."""
+    others = [size for size in sizes[::2] if size <= OTHER_KINDS_MAX_BYTES]
+    return {"all-reduce": sizes, **{kind: others for kind in MEASURED_COLLECTIVE_KINDS}}
 
 
 def collective_probes(axis: str, workers: int) -> dict[str, tuple[Callable, Callable]]:
@@ -405,7 +417,7 @@ def measure_collectives(
 def measure_in_process(
     devices: int, sizes: list[int], repeats: int, tick: Callable[[], None] = lambda: None
 ) -> tuple[dict[str, list[tuple[int, float]]], float, StepCosts]:
-    """`measure_collectives`, `_tuple_element_s` and the `StepCosts` over
+    """`measure_collectives`, `tuple_element_in_step` and the `StepCosts` over
     `devices` CPU devices of this process, in the order the processes take."""
     import jax
     from jax.sharding import Mesh, NamedSharding
@@ -421,14 +433,7 @@ def measure_in_process(
         return jax.device_put(np.concatenate([x] * devices), split)
 
     measured = measure_collectives(mesh, place_split, sizes, repeats, tick, ("all-reduce",))
-    as_tuple, as_one = tuple_probe("d")
-    data = np.ones((devices, TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4), np.float32)
-    tuple_element_s = _tuple_element_s(
-        jax.pmap(as_tuple, axis_name="d", devices=chosen),
-        jax.pmap(as_one, axis_name="d", devices=chosen),
-        data,
-        repeats,
-    )
+    tuple_element_s = tuple_element_in_step(mesh, place_split)
     step = measure_step_costs(mesh, lambda x: jax.device_put(x, replicated), place_split)
     others = measure_collectives(mesh, place_split, sizes, repeats, tick, MEASURED_COLLECTIVE_KINDS)
     return {**measured, **others}, tuple_element_s, step
@@ -438,35 +443,37 @@ def _time_call(fn: Callable, argument, repeats: int) -> float:
     return median_seconds(lambda: fn(argument).block_until_ready(), repeats)
 
 
-def _tuple_element_s(reduce_tuple: Callable, reduce_one: Callable, data, repeats: int) -> float:
-    """Seconds each tensor after the first adds to a tuple all-reduce (>= 0): the
-    two probes timed in paired, alternating rounds."""
-    calls = [lambda f=f: f(data).block_until_ready() for f in (reduce_one, reduce_tuple)]
+def tuple_element_in_step(mesh, place_split: Callable) -> float:
+    """Seconds each tensor after the first adds to a tuple all-reduce inside a
+    computing step (XLA:CPU's combined all-reduce sends its tensors one after
+    another): `in_step_probe` with TUPLE_ALL_REDUCE against it with one
+    all-reduce of the same bytes, timed in paired, alternating runs. Every
+    worker must call it at the same time."""
+    calls = [in_step_probe(mesh, place_split, k) for k in ("all-reduce", TUPLE_ALL_REDUCE)]
     for call in calls * 3:
         call()
-    one_s, tuple_s = paired_median_seconds(*calls, max(repeats, IN_STEP_RUNS))
+    one_s, tuple_s = paired_median_seconds(*calls, IN_STEP_RUNS)
     return tuple_element_from(tuple_s, one_s)
 
 
 def tuple_element_from(tuple_s: float, one_s: float) -> float:
-    """Seconds each tensor after the first adds to a tuple all-reduce, from the
-    tuple probe's times: the tuple of TUPLE_TENSORS, and their bytes as one (>= 0)."""
-    return max(0.0, (tuple_s - one_s) / (TUPLE_TENSORS - 1))
+    """`tuple_element_in_step` from the in-step probe's times with a tuple
+    all-reduce and with one all-reduce of the same bytes (>= 0)."""
+    return max(0.0, (tuple_s - one_s) / (IN_STEP_ROUNDS * (TUPLE_TENSORS - 1)))
 
 
-def tuple_probe(axis: str) -> tuple[Callable, Callable]:
-    """(psum of a tuple of TUPLE_TENSORS slices, psum of the whole) over `axis`;
-    each takes a vector of TUPLE_TENSORS * TUPLE_TENSOR_BYTES bytes of f32."""
+def tuple_probe(axis: str) -> Callable:
+    """A psum over `axis` of a vector as a tuple of TUPLE_TENSORS equal slices,
+    the results joined again (its length a multiple of TUPLE_TENSORS)."""
     import jax
     import jax.numpy as jnp
 
-    length = TUPLE_TENSOR_BYTES // 4
-
     def as_tuple(x):
+        length = x.shape[0] // TUPLE_TENSORS
         parts = tuple(x[i * length : (i + 1) * length] for i in range(TUPLE_TENSORS))
         return jnp.concatenate(jax.lax.psum(parts, axis))
 
-    return as_tuple, lambda x: jax.lax.psum(x, axis)
+    return as_tuple
 
 
 def measure_device(repeats: int = 5) -> tuple[float, float]:
@@ -488,7 +495,7 @@ def measure_multi_process(
     processes: int, sizes: list[int], repeats: int, timeout_s: float = 900
 ) -> tuple[dict[str, list[tuple[int, float]]], float, StepCosts]:
     """`measure_collectives` over `processes` jax.distributed processes on
-    loopback, `_tuple_element_s` and the `StepCosts` there."""
+    loopback, `tuple_element_in_step` and the `StepCosts` there."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -548,13 +555,9 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
         repeats,
         kinds=("all-reduce",),
     )
-    as_tuple, as_one = (
-        jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P()))
-        for f in tuple_probe("d")
+    tuple_element_s = tuple_element_in_step(
+        mesh, lambda x: jax.make_array_from_process_local_data(sharding, x)
     )
-    local = np.ones((TUPLE_TENSORS * TUPLE_TENSOR_BYTES // 4,), np.float32)
-    data = jax.make_array_from_process_local_data(sharding, local)
-    tuple_element_s = _tuple_element_s(as_tuple, as_one, data, repeats)
     replicated = NamedSharding(mesh, P())
     step = measure_step_costs(
         mesh,

@@ -1,0 +1,240 @@
+"""Rank fidelity: does the simulator order plans as their programs run? (issue 16)
+
+For each model (captured as in `fusion_boundary_cost.py`: 4 CPU devices in one
+process) it makes at least --plans distinct legal plans (`candidate_plans`):
+
+- the baselines of `search.baselines.BASELINES` over the captured module;
+- the found plan (`search.optimize`, XLA's own fusion known), and its buckets
+  alone over XLA's fusion;
+- sampled plans, alternately: a random bucketing of XLA's fusion (gradients in
+  order, cut at a log-uniform random byte threshold), and a few random
+  producer-consumer merges of XLA's fusion with the found plan's buckets.
+
+Each plan becomes the program the rewrite writes for it (`planning.rewrite`: only
+groups that depart from XLA's fusion get a boundary); plans whose programs are the
+same count once, under the first label. `xla` is XLA's own program (combiner on),
+simulated as the `xla` baseline. Every program runs on the same random inputs in
+paired rounds whose order rotates (`runtime.apply.time_candidates`), and is
+simulated with the roofline and the profile's boundary charge on --cluster, as the
+search sees it. Per model it prints Kendall's τ-b between simulated and measured
+times and the top-1 regret (`search.ranking`), then each plan's times.
+Target (issue 16): τ >= 0.8 and regret <= 3% on every model and runtime.
+
+With --processes 4 the programs run on 4 `jax.distributed` processes on loopback
+(gloo), one CPU device each; rank 0 makes the plans and shares them, and every
+rank runs the same steps. Use --cluster cpu-local there.
+
+    .venv/bin/python benchmarks/rank_fidelity.py [--models resnet50 gpt2_small ...]
+        [--cluster cpu-local-inprocess] [--plans 8] [--rounds 7] [--max-evals 300]
+        [--processes 4] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+DEVICES = 4
+SAMPLE_ATTEMPTS = 40  # sampled plans tried per model, at most
+MAX_MERGES = 4  # random merges in a sampled fusion plan, at most
+
+
+def candidate_plans(module, baselines: dict, found, wanted: int, seed: int = 0) -> dict:
+    """{label: plan}: every baseline's, the found plan, its buckets alone, then
+    `wanted` legal sampled plans (at most SAMPLE_ATTEMPTS tries); plans that
+    make the same program are removed later (`distinct_programs`)."""
+    from disco_xla.plan import verify_plan
+    from disco_xla.profiling.sample_plans import random_merge_plan
+    from disco_xla.search.baselines import (
+        gradients_in_ready_order,
+        legal_buckets,
+        threshold_buckets,
+        with_buckets,
+    )
+
+    own = baselines["xla-nocombine"].plan
+    plans = {name: baseline.plan for name, baseline in baselines.items() if name != "xla"}
+    plans["found"] = found
+    plans["found-buckets"] = with_buckets(own, found.all_reduce_buckets)
+    gradients = gradients_in_ready_order(module)
+    sizes = [size for _, size in gradients] or [1]
+    rng = random.Random(seed)
+    sampled = 0
+    for attempt in range(SAMPLE_ATTEMPTS):
+        if sampled >= wanted:
+            break
+        if attempt % 2 == 0:
+            limit = math.exp(rng.uniform(math.log(max(min(sizes), 1)), math.log(sum(sizes))))
+            buckets = legal_buckets(module, threshold_buckets(gradients, int(limit)))
+            plan, label = with_buckets(own, buckets), f"sampled-buckets-{attempt}"
+        else:
+            base = with_buckets(own, found.all_reduce_buckets)
+            plan = random_merge_plan(base, module, rng.randint(1, MAX_MERGES), rng)
+            label = f"sampled-fusion-{attempt}"
+        try:
+            verify_plan(plan, module, source=label)
+        except Exception:  # noqa: BLE001 - an illegal sample is skipped
+            continue
+        plans[label] = plan
+        sampled += 1
+    return plans
+
+
+def distinct_programs(module, plans: dict, wanted: int) -> tuple[dict, dict, dict]:
+    """({label: rewritten module}, {label: plan}, {label: why it was left out})
+    for the plans in order, one label per distinct program, the sampled ones only
+    until `wanted` programs are there."""
+    from disco_xla.planning import rewrite
+
+    programs, kept, left_out = {}, {}, {}
+    seen = {module.fingerprint: "xla"}
+    for label, plan in plans.items():
+        if label.startswith("sampled") and len(programs) + 1 >= wanted:
+            break
+        try:
+            program = rewrite(module, plan, source=label)
+        except Exception as error:  # noqa: BLE001 - reported, not measured
+            left_out[label] = f"not rewritten: {' '.join(str(error).split())[:200]}"
+            continue
+        if program.fingerprint in seen:
+            left_out[label] = f"the same program as {seen[program.fingerprint]}"
+            continue
+        seen[program.fingerprint] = label
+        programs[label], kept[label] = program, plan
+    return programs, kept, left_out
+
+
+def measure(name: str, args, module=None) -> dict:
+    """One model's row; `module` is its captured step (else captured here)."""
+    import jax
+    from fusion_boundary_cost import captured
+
+    from disco_xla.plan import Plan
+    from disco_xla.planning import xla_own_groups
+    from disco_xla.runtime.agreement import broadcast, gather
+    from disco_xla.runtime.apply import NO_COMBINER, time_candidates
+    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.search import optimize
+    from disco_xla.search.baselines import captured_baselines
+    from disco_xla.search.ranking import rank_fidelity
+    from disco_xla.simulator.cost_models import RooflineCostModel, boundary_charged
+    from disco_xla.simulator.events import simulate
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.profiles import load_profile
+
+    module = module if module is not None else captured(name)
+    compiled = compile_module(module, NO_COMBINER)
+    profile = load_profile(args.cluster)
+    baselines = captured_baselines(module, compiled, profile, RooflineCostModel(profile))
+
+    def make_plans() -> str:
+        found = optimize(module, args.cluster, max_evaluations=args.max_evals, compiled=compiled)
+        plans = candidate_plans(module, baselines, found, args.plans)
+        return json.dumps({label: plan.to_json() for label, plan in plans.items()})
+
+    shared = json.loads(broadcast(f"rank_fidelity/{name}/plans", make_plans))
+    plans = {label: Plan.from_json(text, label) for label, text in shared.items()}
+    programs, plans, left_out = distinct_programs(module, plans, args.plans)
+    xla_s, results = time_candidates(module, programs, jax.device_count(), args.rounds, 0, ())
+    verdicts = {
+        label: gather(f"rank_fidelity/{name}/{label}/equal", str(int(r.outputs.equal)))
+        for label, r in results.items()
+    }
+    model = boundary_charged(RooflineCostModel(profile), profile, xla_own_groups(module))
+    simulated = {
+        label: simulate(build_task_graph(module, plan), profile, model).iteration_s
+        for label, plan in plans.items()
+    }
+    simulated["xla"] = simulate(baselines["xla"].task_graph(), profile, model).iteration_s
+    measured = {label: result.seconds for label, result in results.items()}
+    measured["xla"] = xla_s
+    fidelity = rank_fidelity(simulated, measured)
+    return {
+        "model": name,
+        "cluster": args.cluster,
+        "processes": jax.process_count(),
+        "kendall_tau": fidelity.kendall_tau,
+        "top1_regret": fidelity.top1_regret,
+        "simulator_choice": fidelity.simulator_choice,
+        "fastest": fidelity.fastest,
+        "plans": {
+            label: {
+                "measured_s": measured[label],
+                "simulated_s": simulated[label],
+                "equal": label == "xla" or all(v == "1" for v in verdicts[label]),
+            }
+            for label in measured
+        },
+        "left_out": left_out,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet50", "gpt2_small"])
+    parser.add_argument("--cluster", default="cpu-local-inprocess")
+    parser.add_argument("--plans", type=int, default=8, help="distinct programs, at least")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--max-evals", type=int, default=300)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if any(name.startswith("keras:") for name in args.models):
+        os.environ["KERAS_BACKEND"] = "jax"
+    if args.worker:
+        from on_processes import worker_rows
+
+        worker_rows(args.worker, args.models, lambda name, module: measure(name, args, module))
+        return
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", DEVICES)
+    if args.processes > 1:
+        from fusion_boundary_cost import captured
+        from on_processes import rows_on_processes
+
+        if args.processes != DEVICES:
+            raise SystemExit(f"--processes: the modules are captured for {DEVICES} devices")
+        forwarded = ["--cluster", args.cluster, "--plans", str(args.plans)]
+        forwarded += ["--rounds", str(args.rounds), "--max-evals", str(args.max_evals)]
+        rows = rows_on_processes(__file__, args.models, captured, forwarded, args.processes)
+    else:
+        rows = [measure(name, args) for name in args.models]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        print_row(row)
+
+
+def print_row(row: dict) -> None:
+    """One model's figures and its plans, fastest measured first."""
+    print(
+        f"{row['model']} ({row['processes']} process(es), {row['cluster']}): "
+        f"{len(row['plans'])} programs, Kendall tau {row['kendall_tau']:.2f}, "
+        f"top-1 regret {row['top1_regret']:.1%} (simulator's choice {row['simulator_choice']}, "
+        f"fastest {row['fastest']})"
+    )
+    by_measured = sorted(row["plans"].items(), key=lambda item: item[1]["measured_s"])
+    by_simulated = sorted(row["plans"], key=lambda label: row["plans"][label]["simulated_s"])
+    for label, cell in by_measured:
+        print(
+            f"  {label:26s} measured {cell['measured_s'] * 1e3:9.3f} ms  simulated "
+            f"{cell['simulated_s'] * 1e3:9.3f} ms (rank {by_simulated.index(label) + 1})"
+            + ("" if cell["equal"] else "  OUTPUTS DIFFER")
+        )
+    for label, why in row["left_out"].items():
+        print(f"  {label:26s} {why}")
+
+
+if __name__ == "__main__":
+    main()
