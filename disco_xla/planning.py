@@ -95,6 +95,12 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     return PlanChoice(plan, False, time.perf_counter() - started)
 
 
+# XLA's own groups of the modules seen last, by fingerprint: every candidate of
+# one module is rewritten against the same compile.
+_OWN_GROUPS: dict[str, tuple[tuple[str, ...], ...] | None] = {}
+_OWN_GROUPS_KEPT = 8
+
+
 def xla_own_groups(module: HloModule) -> tuple[tuple[str, ...], ...] | None:
     """The fusion groups XLA forms by itself on `module` (its compiled kernels
     mapped back onto it; combiner off, as every baseline), or None when the
@@ -103,11 +109,16 @@ def xla_own_groups(module: HloModule) -> tuple[tuple[str, ...], ...] | None:
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.xla_fusion import xla_fusion_plan
 
+    if module.fingerprint in _OWN_GROUPS:
+        return _OWN_GROUPS[module.fingerprint]
     try:
-        compiled = compile_module(module, NO_COMBINER)
+        groups = xla_fusion_plan(module, compile_module(module, NO_COMBINER)).fusion_groups
     except Exception:  # noqa: BLE001 - then every departing group is outlined
-        return None
-    return xla_fusion_plan(module, compiled).fusion_groups
+        groups = None
+    if len(_OWN_GROUPS) >= _OWN_GROUPS_KEPT:
+        _OWN_GROUPS.pop(next(iter(_OWN_GROUPS)))
+    _OWN_GROUPS[module.fingerprint] = groups
+    return groups
 
 
 def rewrite(

@@ -76,7 +76,10 @@ def test_optimize_apply_and_verify_write_a_checked_equal_program(captured, tmp_p
     )
     assert result.returncode == 0, result.stderr[-2000:]
     measured = json.loads(result.stdout)["measured"]
-    assert measured["equal"] and measured["written"] in ("plan", "buckets", "original")
+    # The plan, its buckets, another of the search's candidates, the best
+    # baseline, or the original: whichever ran fastest here with equal outputs.
+    written = measured["written"]
+    assert measured["equal"] and (written in measured["candidates"] or written == "original")
     # The written module is still one partition's program, and verify agrees.
     assert load_module(out).already_partitioned
     verified = run_cli("verify", captured, out, "--devices", "2", "--json")
@@ -102,7 +105,16 @@ def test_a_dump_directory_gives_the_module_after_partitioning(dump_directory, tm
     assert summary["gradient_all_reduces"] > 0
     out = str(tmp_path / "out.hlo.pb")
     result = run_cli(
-        "optimize", dump_directory, "--cluster", "cpu-local", "--max-evals", "20", "-o", out
+        "optimize",
+        dump_directory,
+        "--cluster",
+        "cpu-local",
+        "--max-evals",
+        "20",
+        "--candidates",
+        "1",
+        "-o",
+        out,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert load_module(out).already_partitioned
@@ -120,7 +132,18 @@ def test_a_module_dumped_before_partitioning_is_partitioned_first(dump_directory
     assert summary["partitioning"] == "split by XLA's partitioner"
     assert summary["all_reduces"] == 0
     out = str(tmp_path / "out.hlo.pb")
-    result = run_cli("optimize", path, "--cluster", "cpu-local", "--max-evals", "20", "-o", out)
+    result = run_cli(
+        "optimize",
+        path,
+        "--cluster",
+        "cpu-local",
+        "--max-evals",
+        "20",
+        "--candidates",
+        "1",
+        "-o",
+        out,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     written = load_module(out)
     assert written.already_partitioned and written.gradient_all_reduces
@@ -227,7 +250,18 @@ def test_every_verb_works_on_a_step_with_a_while_and_a_conditional(tmp_path):
         result = run_cli("simulate", path, "--cluster", "cpu-local", "--plan", name, "--json")
         assert result.returncode == 0, (name, result.stderr[-1500:])
     out = str(tmp_path / "out.hlo.pb")
-    result = run_cli("optimize", path, "--cluster", "cpu-local", "--max-evals", "20", "-o", out)
+    result = run_cli(
+        "optimize",
+        path,
+        "--cluster",
+        "cpu-local",
+        "--max-evals",
+        "20",
+        "--candidates",
+        "1",
+        "-o",
+        out,
+    )
     assert result.returncode == 0, result.stderr[-1500:]
     applied = run_cli("apply", path, out + ".plan.json", "-o", str(tmp_path / "a.hlo.pb"))
     assert applied.returncode == 0, applied.stderr[-1500:]

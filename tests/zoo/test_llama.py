@@ -84,7 +84,17 @@ def test_every_verb_works_on_both_forms(forms, form, tmp_path):
         assert result.returncode == 0, (name, result.stderr[-1500:])
     out = str(tmp_path / "out.hlo.pb")
     result = run_cli(
-        "optimize", path, "--cluster", "cpu-local", "--max-evals", "30", "-o", out, "--json"
+        "optimize",
+        path,
+        "--cluster",
+        "cpu-local",
+        "--max-evals",
+        "30",
+        "--candidates",
+        "1",
+        "-o",
+        out,
+        "--json",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["measured"]["equal"]
