@@ -43,7 +43,7 @@ lint: $(INSTALLED)
 	$(BIN)/ruff format --check .
 
 pytest: $(INSTALLED) $(HOROVOD_INSTALLED)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=30 tests
 
 # `bazel build //...` offline with Debian's bazel-bootstrap (Bazel 4.2.3).
 bazel-check:

@@ -31,7 +31,8 @@ setup(
     version="0.1.0",
     description="Joint op-fusion and all-reduce bucketing for data-parallel XLA programs (DisCo).",
     python_requires=">=3.11",
-    # disco_xla and its subpackages: hlo_passes, simulator, search, runtime, zoo.
+    # disco_xla and its subpackages: cli, hlo_passes, simulator, search, runtime,
+    # profiling, zoo.
     packages=find_packages(include=["disco_xla", "disco_xla.*"]),
     install_requires=[
         "jax==0.10.2",

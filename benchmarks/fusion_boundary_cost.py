@@ -152,12 +152,12 @@ def traced_time_by_opcode(module, runs: int = 3) -> dict[str, float]:
 def measure(name: str, rounds: int, trace: bool, variants=VARIANTS) -> dict:
     from disco_xla.plan import EXPENSIVE_OPCODES, departing_groups
     from disco_xla.planning import xla_own_groups
-    from disco_xla.runtime.apply import apply_plan, verify_rewrite
+    from disco_xla.runtime.apply import NO_COMBINER, apply_plan, verify_rewrite
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.xla_fusion import xla_fusion_plan
 
     module = captured(name)
-    own = xla_fusion_plan(module, compile_module(module, ("cpu-all-reduce-combiner",)))
+    own = xla_fusion_plan(module, compile_module(module, NO_COMBINER))
     by_name = {i.name: i for i in module.instructions()}
 
     def has_library_op(group) -> bool:
@@ -208,11 +208,7 @@ def _outline_every(module, plan, keep):
     from disco_xla.hlo_passes.graph import HloModule
 
     copy = HloModule.from_bytes(module.to_bytes(), f"{module.name} outlined")
-    by_name = {i.name: i for i in copy.instructions()}
-    outliner = fusion_boundaries._Outliner(copy)
-    for index, group in enumerate(g for g in plan.fusion_groups if keep(g)):
-        outliner.outline(index, [by_name[name] for name in group])
-    fusion_boundaries.remove_outlined(copy, outliner.outlined)
+    fusion_boundaries.OutlineFusionGroups([g for g in plan.fusion_groups if keep(g)]).run(copy)
     return HloModule.from_bytes(copy.to_bytes(), copy.source)
 
 

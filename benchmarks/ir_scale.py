@@ -30,6 +30,7 @@ def generate_module(instructions: int) -> bytes:
     """A valid HloModuleProto with about `instructions` instructions."""
     from disco_xla.hlo_passes.edit import add_scalar_reducer
     from disco_xla.hlo_passes.hlo_schema import HloModuleProto
+    from disco_xla.hlo_passes.shapes import TUPLE_TYPE
 
     module = HloModuleProto(name="scale_test", id=1)
     reducer_id = add_scalar_reducer(module, F32)
@@ -69,7 +70,7 @@ def generate_module(instructions: int) -> bytes:
         previous = new("multiply", [reduced.id, activated.id], f"{prefix}/mul").id
     root = entry.instructions.add(name="result", opcode="tuple", id=(2 << 32) | local)
     root.operand_ids.append(previous)
-    root.shape.element_type = 13
+    root.shape.element_type = TUPLE_TYPE
     leaf = root.shape.tuple_shapes.add(element_type=F32, dimensions=[128, 128])
     leaf.layout.minor_to_major.extend([1, 0])
     entry.root_id = root.id

@@ -46,7 +46,6 @@ import time
 import numpy as np
 
 PROGRAMS = ("xla", "xla-nocombine", "disco")
-NO_COMBINER_OPTION = {"xla_disable_hlo_passes": "cpu-all-reduce-combiner"}
 
 
 def _medium_configs() -> dict:
@@ -225,7 +224,7 @@ def measure_model(name: str, args: argparse.Namespace, cache_dir: str) -> dict:
     from jax.sharding import Mesh
 
     import disco_xla
-    from disco_xla.runtime.apply import compare_outputs
+    from disco_xla.runtime.apply import ALL_REDUCE_COMBINER, compare_outputs
     from disco_xla.zoo.jax_steps import AXIS, build_jax_step
 
     processes = jax.process_count()
@@ -238,7 +237,7 @@ def measure_model(name: str, args: argparse.Namespace, cache_dir: str) -> dict:
     started = time.perf_counter()
     lowered = step.fn.lower(*arguments)
     xla = lowered.compile()
-    nocombine = lowered.compile(compiler_options=NO_COMBINER_OPTION)
+    nocombine = lowered.compile(compiler_options={"xla_disable_hlo_passes": ALL_REDUCE_COMBINER})
     optimized = disco_xla.jit(
         step.fn,
         cluster=args.cluster,

@@ -1,10 +1,10 @@
-"""Time of the fusion-boundaries pass (`outline_fusion_groups`) on TF zoo steps.
+"""Time of the fusion-boundaries pass (`OutlineFusionGroups`) on TF zoo steps.
 
 For each model (tiny, batch 2) the step's HLO is captured from TensorFlow, a plan
 is searched (20 evaluations, no cache), and the pass runs on fresh copies of the
 module; the median of `--repeats` runs is printed, with the module's size.
-`--implementation PATH` times the `outline_fusion_groups` of another file instead
-(e.g. an earlier version of the pass, written out with `git show`).
+`--implementation PATH` times instead the function `outline_fusion_groups(module,
+plan)` of another file (e.g. a version of the pass written out with `git show`).
 
     .venv/bin/python benchmarks/outline_speed.py [--models resnet50 inception_v3]
         [--repeats 3] [--implementation PATH] [--json]
@@ -27,9 +27,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def _outline_function(path: str | None):
     if path is None:
-        from disco_xla.hlo_passes.fusion_boundaries import outline_fusion_groups
+        from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
+        from disco_xla.plan import departing_groups
 
-        return outline_fusion_groups
+        return lambda module, plan: OutlineFusionGroups(
+            plan.fusion_groups, departing_groups(module, plan, None)
+        ).run(module)
     spec = importlib.util.spec_from_file_location("outline_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -10,7 +10,9 @@ loaded machine slows both alike.
    evaluations from seed 0), this tree's search against the same search code run
    on the other events.py and incremental.py (and, with --cost-models PATH, the
    other roofline), median of --search-rounds. Both must find the same plan time
-   (the evaluations are exact).
+   (the evaluations are exact). The other incremental.py must offer the
+   `PlanState` methods the moves of `search/moves.py` call (`evaluate_fuse`,
+   `evaluate_split`, `evaluate_buckets` and the `*_plan` methods).
 
     git show HEAD:disco_xla/simulator/events.py > /tmp/events_before.py
     git show HEAD:disco_xla/simulator/incremental.py > /tmp/incremental_before.py

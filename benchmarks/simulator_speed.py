@@ -99,7 +99,7 @@ def resnet50_incremental(moves_to_time: int, evaluations: int) -> None:
     skipped = 0
     for move in moves:
         start = time.perf_counter()
-        seconds = state.evaluate(move)
+        seconds = move.evaluate(state)
         elapsed = time.perf_counter() - start
         if seconds is None:
             skipped += 1
@@ -108,7 +108,7 @@ def resnet50_incremental(moves_to_time: int, evaluations: int) -> None:
         timings.setdefault(type(move).__name__, []).append(elapsed)
         evaluated.append((move, seconds))
     mismatches = sum(
-        seconds != full_run(state.child_plan(move)) for move, seconds in evaluated[:60]
+        seconds != full_run(move.child_plan(state)) for move, seconds in evaluated[:60]
     )
     mean_s = sum(sum(t) for k, t in timings.items() if not k.startswith("refused")) / max(
         len(evaluated), 1

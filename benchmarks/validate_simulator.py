@@ -61,7 +61,6 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 IN_PROCESS_DEVICES = 2
 PLANS = ("none", "xla", "buckets")
 BUCKETS = 3
-NO_FUSION_NO_COMBINER = {"xla_disable_hlo_passes": "cpu-all-reduce-combiner,fusion"}
 # Names of calibrate's probes, timed with the plans (unless --no-probes).
 PROBE, IN_STEP, IN_STEP_NONE = "probe:compute", "probe:all-reduces", "probe:no-all-reduces"
 EMPTY, EMPTY_MANY = "probe:empty-step", "probe:empty-step-many"
@@ -106,12 +105,13 @@ def _programs(step, arguments):
 
     from disco_xla.hlo_passes.graph import HloModule
     from disco_xla.planning import prepared
-    from disco_xla.runtime.apply import NO_COMBINER, apply_plan
+    from disco_xla.runtime.apply import ALL_REDUCE_COMBINER, NO_COMBINER, apply_plan
     from disco_xla.runtime.jax_program import kept_arguments, standing_in_for
 
     lowered = step.fn.lower(*arguments)
     xla = lowered.compile()
-    none = lowered.compile(compiler_options=NO_FUSION_NO_COMBINER)
+    no_fusion_no_combiner = {"xla_disable_hlo_passes": f"{ALL_REDUCE_COMBINER},fusion"}
+    none = lowered.compile(compiler_options=no_fusion_no_combiner)
     module = prepared(
         HloModule.from_bytes(
             lowered.compiler_ir("hlo").as_serialized_hlo_module_proto(), "<step>", "memory"

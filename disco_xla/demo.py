@@ -117,27 +117,35 @@ def main() -> int:
 
 
 def _optimize_apply_measure(module, step, args) -> int:
-    import tempfile
-
-    import jax
-    import numpy as np
-
-    import disco_xla
-    from disco_xla.hlo_passes.hlo_io import save_module
-    from disco_xla.plan import departing_groups
-    from disco_xla.plan_cache import PlanCache, cache_key
-    from disco_xla.planning import OptimizeSettings, checked_rewrite, prepared, xla_own_groups
+    """Steps 2 to 6; returns the demo's exit code."""
+    from disco_xla.planning import prepared
     from disco_xla.report import write_report
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
-    from disco_xla.search.compare import compare_plans, format_table
-    from disco_xla.simulator.cost_models import RooflineCostModel
+    from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.profiles import load_profile
-    from disco_xla.timing import median_seconds
 
     settings = OptimizeSettings(cluster="cpu-local", max_evaluations=300, seed=0)
     profile = load_profile(settings.cluster)
     module = prepared(module)
+    comparison, plan_path = _search(module, profile, settings)
+    plan = comparison.found.plan
+    written = _apply(module, plan, plan_path)
+    status, measured = _pmap_against_jit(module, profile, plan, settings, step, args)
+    _print_step_times(comparison, measured, status)
+    report_path = os.path.join(OUTPUT_DIR, "report.html")
+    write_report(report_path, module, profile, comparison.results, plan)
+    print(f"\n5. report written to {report_path}")
+    # The step runs either our program or, where it measured faster, XLA's own.
+    single_ok = written.equal and status.startswith(("optimized", "original: faster"))
+    return _on_processes() or (0 if single_ok else 1)
+
+
+def _search(module, profile, settings):
+    """Step 2: the search and every baseline, simulated; (comparison, plan path)."""
+    from disco_xla.runtime.apply import NO_COMBINER
+    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.search.compare import compare_plans, format_table
+    from disco_xla.simulator.cost_models import RooflineCostModel
+
     print(
         f"\n2. searching with the {settings.cluster} profile ({settings.max_evaluations} plans) ..."
     )
@@ -149,12 +157,20 @@ def _optimize_apply_measure(module, step, args) -> int:
         max_evaluations=settings.max_evaluations,
         seed=settings.seed,
     )
-    plan = comparison.found.plan
     print(format_table(comparison))
     plan_path = os.path.join(OUTPUT_DIR, "plan.json")
     with open(plan_path, "w") as file:
-        file.write(plan.to_json())
+        file.write(comparison.found.plan.to_json())
     print(f"   plan saved to {plan_path}")
+    return comparison, plan_path
+
+
+def _apply(module, plan, plan_path: str):
+    """Step 3: the plan applied as `disco-xla optimize -o` applies it; the
+    `planning.checked_rewrite` result."""
+    from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.plan import departing_groups
+    from disco_xla.planning import checked_rewrite, xla_own_groups
 
     print("\n3. applying the plan, checked against XLA's own program on random inputs ...")
     written = checked_rewrite(module, plan, plan_path)
@@ -175,6 +191,16 @@ def _optimize_apply_measure(module, step, args) -> int:
         f"{len(departing)} fusion groups departing from XLA's own fusion"
     )
     print(f"   wrote {rewritten_path}: {written.written} ({written.why})")
+    return written
+
+
+def _pmap_against_jit(module, profile, plan, settings, step, args) -> tuple[str, dict]:
+    """Step 4: `disco_xla.jit` of the step, given the plan found above through
+    its plan cache, timed against `jax.pmap`; (its status, measured seconds)."""
+    import tempfile
+
+    import disco_xla
+    from disco_xla.plan_cache import PlanCache, cache_key
 
     print("\n4. the real step: jax.pmap against disco_xla.jit, simulated and measured ...")
     with tempfile.TemporaryDirectory() as cache_dir:
@@ -193,16 +219,33 @@ def _optimize_apply_measure(module, step, args) -> int:
         print(f"   disco_xla.jit runs: {status}")
         arguments = (*state[:2], args[2])
         optimized(*arguments), step(*arguments)  # both signatures compiled
+        measured = _paired_medians(step, optimized, arguments)
+    return status, measured
 
-        def run(function):
-            return lambda: jax.block_until_ready(function(*arguments))
 
-        programs = [("xla", step), ("found", optimized)]
-        times = {"xla": [], "found": []}
-        for round_index in range(10):  # paired rounds, the order rotating: the machine is noisy
-            for name, function in programs[round_index % 2 :] + programs[: round_index % 2]:
-                times[name].append(median_seconds(run(function), 5))
-    measured = {name: float(np.median(values)) for name, values in times.items()}
+def _paired_medians(step, optimized, arguments) -> dict[str, float]:
+    """The median seconds of `step` ('xla') and `optimized` ('found') over 10
+    paired rounds whose order rotates (the machine is noisy), each round the
+    median of 5 runs. Every rank of a distributed step runs the same rounds in
+    the same order."""
+    import jax
+    import numpy as np
+
+    from disco_xla.timing import median_seconds
+
+    def run(function):
+        return lambda: jax.block_until_ready(function(*arguments))
+
+    programs = [("xla", step), ("found", optimized)]
+    times = {"xla": [], "found": []}
+    for round_index in range(10):
+        for name, function in programs[round_index % 2 :] + programs[: round_index % 2]:
+            times[name].append(median_seconds(run(function), 5))
+    return {name: float(np.median(values)) for name, values in times.items()}
+
+
+def _print_step_times(comparison, measured: dict, status: str) -> None:
+    """Step 4's table: simulated and measured step times of both programs."""
     print(f"   {'':<20}{'simulated ms':>14}{'measured ms':>14}")
     for name, label in (("xla", "jax.pmap (XLA)"), ("found", "disco_xla.jit")):
         simulated_ms = comparison.results[name].iteration_s * 1e3
@@ -218,12 +261,6 @@ def _optimize_apply_measure(module, step, args) -> int:
             "   disco_xla.jit kept XLA's own program, so both rows ran the same program: no\n"
             "   speed-up is claimed, and their difference is the machine's noise."
         )
-    report_path = os.path.join(OUTPUT_DIR, "report.html")
-    write_report(report_path, module, profile, comparison.results, plan)
-    print(f"\n5. report written to {report_path}")
-    # The step runs either our program or, where it measured faster, XLA's own.
-    single_ok = written.equal and status.startswith(("optimized", "original: faster"))
-    return _on_processes() or (0 if single_ok else 1)
 
 
 PROCESSES = 4
@@ -296,7 +333,6 @@ def rank_main() -> int:
     import disco_xla
     from disco_xla.runtime.agreement import gather
     from disco_xla.runtime.apply import compare_outputs
-    from disco_xla.timing import median_seconds
 
     rank = jax.process_index()
 
@@ -324,15 +360,7 @@ def rank_main() -> int:
     verdict = "equal" if equal else "DIFFERENT"
     say(f"   outputs against jax.jit's own program, on every rank: {verdict}")
 
-    def run(function):
-        return lambda: jax.block_until_ready(function(*args))
-
-    programs = [("xla", step), ("found", optimized)]
-    times = {"xla": [], "found": []}
-    for round_index in range(10):  # every rank runs the same rounds in the same order
-        for name, function in programs[round_index % 2 :] + programs[: round_index % 2]:
-            times[name].append(median_seconds(run(function), 5))
-    measured = {name: float(np.median(values)) for name, values in times.items()}
+    measured = _paired_medians(step, optimized, args)
     say(f"   {'':<20}{'measured ms':>14}")
     say(f"   {'jax.jit (XLA)':<20}{measured['xla'] * 1e3:>14.3f}")
     say(f"   {'disco_xla.jit':<20}{measured['found'] * 1e3:>14.3f}")

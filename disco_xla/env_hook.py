@@ -27,7 +27,7 @@ import shlex
 import sys
 from dataclasses import dataclass, fields
 
-from disco_xla.planning import OptimizeSettings
+from disco_xla.settings import DEFAULTS, OptimizeSettings
 
 ENVIRONMENT_VARIABLE = "DISCO_XLA_FLAGS"
 EXIT_BAD_INPUT = 2
@@ -52,22 +52,44 @@ def _flag_values():
         "disco_enable", False, "optimise data-parallel JAX steps", flag_values=values
     )
     flags.DEFINE_string(
-        "disco_cluster", "cpu-local", "cluster profile: name or YAML", flag_values=values
+        "disco_cluster", DEFAULTS.cluster, "cluster profile: name or YAML", flag_values=values
     )
     flags.DEFINE_float(
-        "disco_budget_s", 30.0, "search budget per step, seconds", flag_values=values
+        "disco_budget_s", DEFAULTS.budget_s, "search budget per step, seconds", flag_values=values
     )
     flags.DEFINE_integer(
-        "disco_max_evaluations", 300, "plans simulated per search", flag_values=values
+        "disco_max_evaluations",
+        DEFAULTS.max_evaluations,
+        "plans simulated per search",
+        flag_values=values,
     )
-    flags.DEFINE_integer("disco_seed", 0, "search seed", flag_values=values)
-    flags.DEFINE_string("disco_cost_model", "roofline", "kernel cost model", flag_values=values)
+    flags.DEFINE_integer("disco_seed", DEFAULTS.seed, "search seed", flag_values=values)
+    flags.DEFINE_string(
+        "disco_cost_model", DEFAULTS.cost_model, "kernel cost model", flag_values=values
+    )
     flags.DEFINE_string(
         "disco_cache_dir", None, "plan cache (default ~/.cache/disco_xla)", flag_values=values
     )
-    flags.DEFINE_boolean("disco_cache", True, "use the plan cache", flag_values=values)
     flags.DEFINE_boolean(
-        "disco_check_speed", True, "keep the original step if it runs faster", flag_values=values
+        "disco_cache", DEFAULTS.use_cache, "use the plan cache", flag_values=values
+    )
+    flags.DEFINE_boolean(
+        "disco_check_speed",
+        DEFAULTS.check_speed,
+        "time the candidates on the first call and run the fastest (or the original)",
+        flag_values=values,
+    )
+    flags.DEFINE_integer(
+        "disco_candidates",
+        DEFAULTS.candidates,
+        "the search's best plans timed on the first call",
+        flag_values=values,
+    )
+    flags.DEFINE_float(
+        "disco_measure_budget_s",
+        DEFAULTS.measure_budget_s,
+        "wall-clock cap on timing the candidates, seconds",
+        flag_values=values,
     )
     return values
 
@@ -92,8 +114,9 @@ def parse_flags(text: str) -> HookFlags:
         raise ValueError(f"unknown flag --{error.flagname} (known: {known})") from None
     except flags.Error as error:
         raise ValueError(" ".join(str(error).split())) from None
-    if values.disco_budget_s <= 0 or values.disco_max_evaluations <= 0:
-        raise ValueError("--disco_budget_s and --disco_max_evaluations must be positive")
+    for name in ("budget_s", "max_evaluations", "candidates", "measure_budget_s"):
+        if getattr(values, f"disco_{name}") <= 0:
+            raise ValueError(f"--disco_{name} must be positive")
     return HookFlags(
         enable=values.disco_enable,
         cluster=values.disco_cluster,
@@ -104,6 +127,8 @@ def parse_flags(text: str) -> HookFlags:
         cache_dir=values.disco_cache_dir,
         use_cache=values.disco_cache,
         check_speed=values.disco_check_speed,
+        candidates=values.disco_candidates,
+        measure_budget_s=values.disco_measure_budget_s,
     )
 
 

@@ -3,25 +3,29 @@ the rewritten module that disco-xla's plan makes.
 
 On the first call with a given argument signature (tree structure, shapes, dtypes,
 shardings and static arguments) the step is lowered. If its module reduces
-gradients across devices, a plan is read from the plan cache or searched, the
-module is rewritten and compiled, and the rewritten program runs once beside the
-original on the same arguments. If the outputs agree (the rule of
-`runtime.apply.compare_outputs`), later calls run the rewritten program;
-otherwise, or if anything at all fails on our side, the original runs, with one
-`DiscoFallbackWarning` that says why. The first call returns the original's
-result, so training never depends on an unchecked program.
+gradients across devices, a plan and its candidates (the search's next best
+plans, the best baseline) are read from the plan cache or searched, the module
+is rewritten for each and compiled, and each rewritten program runs once beside
+the original on the same arguments. Of those whose outputs agree (the rule of
+`runtime.apply.compare_outputs`), the fastest, timed beside the original, runs
+in later calls, unless the original is as fast; otherwise, or if anything at
+all fails on our side, the original runs, with one `DiscoFallbackWarning` that
+says why. The first call returns the original's result, so training never
+depends on an unchecked program.
 
 Under `jax.distributed` every rank captures the module, the ranks compare its
 fingerprint (a mismatch raises `AgreementError` on every rank), rank 0 finds the
-plan and shares it, and the ranks agree before running the rewritten program and
-again on the verdict, so all of them run the same program.
+plan and shares it, and the ranks agree on which programs each could build, on
+every verdict, and on the times (averaged over the ranks), so all of them run
+the same program.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import warnings
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +33,22 @@ from typing import Any
 import jax
 import numpy as np
 
-from disco_xla.planning import OptimizeSettings
-from disco_xla.timing import paired_median_seconds
-from disco_xla.wrapped_step import TIMING_ROUNDS, DiscoFallbackWarning, WrappedStep, slower_status
+from disco_xla.settings import DEFAULTS, OptimizeSettings
+from disco_xla.timing import rotating_median_seconds
+from disco_xla.wrapped_step import (
+    TIMING_ROUNDS,
+    DiscoFallbackWarning,
+    WrappedStep,
+    one_line,
+    slower_status,
+)
+
+__all__ = ["DiscoFallbackWarning", "OptimizedFunction", "jit", "wrap"]
 
 _prepared_steps = itertools.count()  # the same on every rank of an SPMD script
+# Timing the candidates of a first call: rounds of every program once.
+TIMING_TARGET_S = 2.0
+MAX_TIMING_ROUNDS = 5 * TIMING_ROUNDS
 
 
 @dataclass
@@ -44,6 +59,7 @@ class _Compiled:
     out_tree: Any = None
     plan: Any = None
     timing: tuple[float, float] | None = None  # (original, rewritten) median seconds per step
+    candidates: dict[str, dict] = field(default_factory=dict)  # see WrappedStep.measurements
 
 
 class OptimizedFunction(WrappedStep):
@@ -54,7 +70,6 @@ class OptimizedFunction(WrappedStep):
     def __init__(self, lowerable: Any, settings: OptimizeSettings, static: tuple = ((), ())):
         super().__init__(lowerable, settings)
         self._static_positions, self._static_names = static
-        self._warned: set[str] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -111,7 +126,7 @@ class OptimizedFunction(WrappedStep):
             if data_parallel:
                 module = prepared(module)
         except Exception as error:  # noqa: BLE001
-            compiled = _Compiled(f"original: could not capture the step: {_one_line(error)}")
+            compiled = _Compiled(f"original: could not capture the step: {one_line(error)}")
             _warn(self, compiled.status)
             return compiled, self._original(*args, **kwargs)
         if not data_parallel:
@@ -119,101 +134,130 @@ class OptimizedFunction(WrappedStep):
         return self._optimize(module, lowered, args, kwargs, leaves)
 
     def _optimize(self, module, lowered, args, kwargs, leaves) -> tuple[_Compiled, Any]:
-        """Find the plan, then choose, in order, the first program all ranks
-        agree computes the same as the original: the whole plan; its buckets
-        alone; the whole plan, or its buckets, equal to the unchanged step compiled
-        the way we compile (from its HLO, combiner off: XLA's HLO-to-StableHLO
-        path alone rounds some values differently from JAX's own compile, which
-        Adam amplifies where a gradient is zero in exact arithmetic); else the
-        original."""
-        from disco_xla.plan import Plan
-        from disco_xla.planning import find_plan
-        from disco_xla.runtime.agreement import AgreementError, broadcast, gather
+        """Find the plan and its candidates, then run the first call's trial
+        (`_Trial`): build every candidate program, keep those all ranks agree
+        compute the same as the original (or, when none does, the same as the
+        unchanged step compiled the way we compile: from its HLO, combiner off;
+        XLA's HLO-to-StableHLO path alone rounds some values differently from
+        JAX's own compile, which Adam amplifies where a gradient is zero in exact
+        arithmetic), and of those run the fastest, timed beside the original;
+        else the original."""
         from disco_xla.runtime.jax_program import kept_arguments
 
         step = next(_prepared_steps)
-        wait_s = self._settings.budget_s + 600.0
-        fingerprints = gather(f"step{step}/module", module.fingerprint, wait_s)
-        if len(set(fingerprints)) > 1:
-            raise AgreementError(
-                f"{self.__name__}: the ranks captured different modules (fingerprints "
-                + ", ".join(f"rank {r}: {f[:12]}" for r, f in enumerate(fingerprints))
-                + "); every rank must run the same step"
-            )
-        compiled, problem = _Compiled("original"), ""
-        try:
-            plan_json = broadcast(
-                f"step{step}/plan",
-                lambda: find_plan(module, self._settings).plan.to_json(),
-                wait_s,
-            )
-            compiled.plan = Plan.from_json(plan_json, f"<plan for {module.name}>")
+        settings = self._settings
+        wait_s = settings.budget_s + settings.measure_budget_s + 600.0
+        _agree_on_module(self.__name__, module, step, wait_s)
+        compiled, problem, executable = _Compiled("original"), "", None
+        try:  # rank 0's plan: on failure, every rank raises here
+            choice = _shared_choice(module, settings, step, wait_s)
+        except Exception as error:  # noqa: BLE001 - never break training
+            compiled.status = f"original: {one_line(error)}"
+            _warn(self, compiled.status)
+            return compiled, self._original(*args, **kwargs)
+        compiled.plan = choice.plan
+        try:  # this rank's own work: it goes on in step with the others if it fails
             executable = lowered.compile()
             compiled.kept = kept_arguments(lowered)
             compiled.out_tree = lowered.out_tree
             if len(leaves) != len(jax.tree_util.tree_leaves(lowered.in_avals)):
                 raise RuntimeError("the arguments do not match the lowered step")
         except Exception as error:  # noqa: BLE001 - never break training
-            compiled.plan, problem = None, _one_line(error)
+            executable, problem = None, one_line(error)
         trial = _Trial(self, module, lowered, compiled, leaves, step, wait_s, problem)
-        trial.build_and_run(("plan",), executable if compiled.plan else None)
-        result = self._original(*args, **kwargs)  # after ours: the original may donate
-        if trial.agreed("plan", result, "plan~original"):
-            compiled.status, compiled.run = "optimized", trial.programs["plan"]
-            return self._unless_slower(compiled, trial, args, kwargs, leaves), result
-        trial.build_and_run(("buckets", "reference"), executable if compiled.plan else None)
-        choices = [
-            ("buckets", "original", "optimized (buckets only: the plan's fusion changed results)"),
-            ("plan", "reference", "optimized (equal to the unchanged step compiled from HLO)"),
-            (
-                "buckets",
-                "reference",
-                "optimized (buckets only, equal to the step compiled from HLO)",
-            ),
-        ]
-        verdicts = trial.agreed_all(
-            [(label, result if against == "original" else against) for label, against, _ in choices]
-        )
-        for (label, against, status), ok in zip(choices, verdicts, strict=True):
-            if ok:
-                if against == "reference":
-                    status += _differing_from(result, trial.outputs[label])
-                compiled.status, compiled.run = status, trial.programs[label]
-                return self._unless_slower(compiled, trial, args, kwargs, leaves), result
-        compiled.status = "original: " + trial.why()
-        _warn(self, compiled.status)
+        trial.simulated_s = dict(choice.candidates.simulated_s)
+        measuring = settings.check_speed
+        order = _candidate_order(choice, measuring)
+        equal, result = trial.first_agreeing(order, executable, measuring, args, kwargs)
+        if not equal:
+            return self._original_after(compiled, trial), result
+        chosen = equal[0]
+        if measuring and not any(_deleted(leaf) for leaf in leaves):
+            chosen = trial.fastest(equal, args, kwargs)
+            _remember(choice, settings, trial, chosen)
+        if chosen == "original":
+            compiled.status = trial.original_status(equal)
+        else:
+            compiled.status = trial.status_of(chosen)
+            compiled.run = trial.programs[chosen]
+            compiled.plan = trial.plans[chosen][0]
+        compiled.candidates = trial.report(chosen)
+        compiled.timing = trial.timing_of(chosen)
         return compiled, result
 
-    def _unless_slower(self, compiled: _Compiled, trial, args, kwargs, leaves) -> _Compiled:
-        """Time the chosen program against the original, called as the user calls
-        them (paired, alternating rounds; averaged over the ranks, so all decide
-        alike), and keep the original if ours is not faster. Skipped when the
-        original consumed (donated) its arguments."""
-        from disco_xla.runtime.agreement import gather
-
-        if not self._settings.check_speed:
-            return compiled
-        if any(getattr(leaf, "is_deleted", lambda: False)() for leaf in leaves):
-            return compiled
-        rewritten = [leaves[i] for i in compiled.kept]
-        local = paired_median_seconds(
-            lambda: jax.block_until_ready(self._original(*args, **kwargs)),
-            lambda: jax.block_until_ready(compiled.run(rewritten)),
-            TIMING_ROUNDS,
-        )
-        answers = gather(f"step{trial.step}/timing", f"{local[0]},{local[1]}", trial.wait_s)
-        original_s = sum(float(a.split(",")[0]) for a in answers) / len(answers)
-        rewritten_s = sum(float(a.split(",")[1]) for a in answers) / len(answers)
-        compiled.timing = (original_s, rewritten_s)
-        status = slower_status(original_s, rewritten_s, compiled.status)
-        if status is not None:
-            compiled.run, compiled.status = None, status
+    def _original_after(self, compiled: _Compiled, trial: _Trial) -> _Compiled:
+        compiled.status = "original: " + trial.why()
+        compiled.candidates = trial.report("original")
+        _warn(self, compiled.status)
         return compiled
 
 
+def _agree_on_module(name: str, module, step: int, wait_s: float) -> None:
+    """Raise AgreementError on every rank unless all captured the same module."""
+    from disco_xla.runtime.agreement import AgreementError, gather
+
+    fingerprints = gather(f"step{step}/module", module.fingerprint, wait_s)
+    if len(set(fingerprints)) > 1:
+        raise AgreementError(
+            f"{name}: the ranks captured different modules (fingerprints "
+            + ", ".join(f"rank {r}: {f[:12]}" for r, f in enumerate(fingerprints))
+            + "); every rank must run the same step"
+        )
+
+
+def _shared_choice(module, settings: OptimizeSettings, step: int, wait_s: float):
+    """Rank 0's `PlanChoice` (from its cache or its search), on every rank."""
+    from disco_xla.plan_cache import CandidateRecord
+    from disco_xla.planning import PlanChoice, find_plan
+    from disco_xla.runtime.agreement import broadcast
+
+    def found() -> str:
+        choice = find_plan(module, settings)
+        return json.dumps({"key": choice.cache_key, "record": choice.candidates.to_json()})
+
+    shared = json.loads(broadcast(f"step{step}/plan", found, wait_s))
+    record = CandidateRecord.from_json(shared["record"], f"<plan for {module.name}>")
+    return PlanChoice(record.plans["plan"], True, 0.0, record, shared["key"])
+
+
+def _candidate_order(choice, measuring: bool) -> dict[str, tuple[Any, bool]]:
+    """The candidate programs in order of preference, label -> (plan, whether
+    its fusion groups are applied): the plan, its buckets alone, then (when
+    they are timed) the search's next best and the best baseline. A choice
+    measured on this machine before (from the cache) is the only one tried."""
+    record = choice.candidates
+    order = {"plan": (choice.plan, True), "buckets": (choice.plan, False)}
+    if measuring:
+        order.update({label: (plan, True) for label, plan in record.plans.items()})
+    if record.chosen in order:
+        order = {record.chosen: order[record.chosen]}
+    return order
+
+
+def _remember(choice, settings: OptimizeSettings, trial: _Trial, chosen: str) -> None:
+    """Rank 0 stores the measured choice in its plan cache."""
+    from disco_xla.planning import remember_measurement
+
+    if jax.process_index() == 0 and trial.measured_s:
+        remember_measurement(choice, settings, chosen, trial.measured_s)
+
+
+def _timing_rounds(round_s: float, budget_s: float) -> int:
+    """How many rounds to time, when one round (every program once) takes
+    `round_s`: enough to fill about TIMING_TARGET_S, at least TIMING_ROUNDS and
+    at most MAX_TIMING_ROUNDS, and no more than fit `budget_s` (but two)."""
+    wanted = min(MAX_TIMING_ROUNDS, max(TIMING_ROUNDS, int(TIMING_TARGET_S / max(round_s, 1e-9))))
+    return max(2, min(wanted, int(budget_s / max(round_s, 1e-9))))
+
+
+def _deleted(leaf) -> bool:
+    return getattr(leaf, "is_deleted", lambda: False)()
+
+
 class _Trial:
-    """The candidate programs of one first call, built, run and judged in step on
-    every rank (a program with collectives runs on all ranks or on none)."""
+    """The candidate programs of one first call, built, run, judged and timed
+    in step on every rank (a program with collectives runs on all ranks or on
+    none)."""
 
     def __init__(self, function, module, lowered, compiled, leaves, step, wait_s, problem):
         self.function, self.module, self.lowered, self.compiled = (
@@ -223,39 +267,63 @@ class _Trial:
             compiled,
         )
         self.leaves, self.step, self.wait_s = leaves, step, wait_s
+        self.plans: dict[str, tuple[Any, bool]] = {}  # label -> (plan, fusion), as built
+        self.fingerprints: dict[str, str] = {}  # label -> its rewritten module's fingerprint
+        self.simulated_s: dict[str, float] = {}
+        self.original_result: Any = None
         self.programs: dict[str, Any] = {}
         self.outputs: dict[str, Any] = {}
+        self.verdicts: dict[str, bool] = {}
+        self.same_as: dict[str, str] = {}
+        self.measured_s: dict[str, float] = {}
+        self.against = "original"
         self.problems: list[str] = [problem] if problem else []
 
-    def build_and_run(self, labels: tuple[str, ...], executable) -> None:
-        from disco_xla.planning import rewrite
+    def first_agreeing(
+        self, order: dict, executable, all_at_once: bool, args, kwargs
+    ) -> tuple[list[str], Any]:
+        """The labels of `order` whose programs every rank finds equal to the
+        original (else to the reference), in order, and the original's result.
+        With `all_at_once` every candidate is built and judged; otherwise one
+        after the other until one agrees."""
+        batches = [order] if all_at_once else [{label: order[label]} for label in order]
+        result, equal = None, []
+        for number, batch in enumerate(batches):
+            self.build_and_run(batch, executable)
+            if number == 0:
+                result = self.function._original(*args, **kwargs)  # may donate: after ours
+                self.original_result = result
+            equal = self._agreeing(list(batch), result)
+            if equal:
+                return equal, result
+        self.build_and_run({"reference": (None, False)}, executable)
+        self.against = "reference"
+        built = [label for label in order if label in self.outputs]
+        return self._agreeing(built, "reference"), result
+
+    def build_and_run(self, candidates: dict[str, tuple[Any, bool]], executable) -> None:
+        """Build each candidate's program (label -> (plan, fusion); the plan None
+        for the unchanged module), and run those every rank built, once."""
         from disco_xla.runtime.agreement import gather
-        from disco_xla.runtime.apply import NO_COMBINER, check_all_reduces
-        from disco_xla.runtime.jax_program import standing_in_for
 
         built = {}
-        for label in labels:
+        for label, (plan, fusion) in candidates.items():
             if executable is None:
                 continue
             try:
-                plan = self.compiled.plan
-                target = (
-                    self.module
-                    if label == "reference"
-                    else rewrite(self.module, plan, fusion=label == "plan", check=False)
-                )
-                program = standing_in_for(target, self.lowered, executable, NO_COMBINER)
-                if label != "reference":
-                    check_all_reduces(self.module, plan, program.compiled_module())
-                built[label] = program
+                program = self._build(label, plan, fusion, executable)
             except Exception as error:  # noqa: BLE001
-                self.problems.append(f"{label}: {_one_line(error)}")
+                self.problems.append(f"{label}: {one_line(error)}")
+                continue
+            if program is not None:
+                built[label] = program
         # Run only what every rank built.
-        answers = gather(f"step{self.step}/built/{','.join(labels)}", ",".join(built), self.wait_s)
+        topic = f"step{self.step}/built/{','.join(candidates)}"
+        answers = gather(topic, ",".join(built), self.wait_s)
         everywhere = set.intersection(*(set(a.split(",")) - {""} for a in answers))
         if len(everywhere) < len(built) and len(answers) > 1:
             self.problems.append("another rank could not build every program")
-        for label in labels:
+        for label in candidates:
             if label not in everywhere:
                 continue
             try:
@@ -263,7 +331,27 @@ class _Trial:
                 self.outputs[label] = built[label](arguments)
                 self.programs[label] = built[label]
             except Exception as error:  # noqa: BLE001
-                self.problems.append(f"{label} failed: {_one_line(error)}")
+                self.problems.append(f"{label} failed: {one_line(error)}")
+
+    def _build(self, label: str, plan, fusion: bool, executable):
+        """The program of one candidate, or None when it rewrites the module
+        to the same program as a candidate built before it."""
+        from disco_xla.planning import rewrite
+        from disco_xla.runtime.apply import NO_COMBINER, check_all_reduces
+        from disco_xla.runtime.jax_program import standing_in_for
+
+        target = self.module if plan is None else rewrite(self.module, plan, fusion, check=False)
+        if plan is not None:
+            for other, fingerprint in self.fingerprints.items():
+                if fingerprint == target.fingerprint:
+                    self.same_as[label] = other
+                    return None
+        program = standing_in_for(target, self.lowered, executable, NO_COMBINER)
+        if plan is not None:
+            check_all_reduces(self.module, plan, program.compiled_module())
+            self.fingerprints[label] = target.fingerprint
+            self.plans[label] = (plan, fusion)
+        return program
 
     def _judge(self, label: str, against) -> bool:
         if label not in self.outputs:
@@ -278,19 +366,104 @@ class _Trial:
             self.problems.append(f"{label}: {why}")
         return not why
 
-    def agreed(self, label: str, against, topic: str) -> bool:
-        return self.agreed_all([(label, against)], topic)[0]
-
-    def agreed_all(self, pairs, topic: str = "choices") -> list[bool]:
+    def _agreeing(self, labels: list[str], against) -> list[str]:
+        """Those of `labels` whose outputs every rank finds equal to `against`
+        (the original's result, or a label's outputs)."""
         from disco_xla.runtime.agreement import gather
 
-        local = [self._judge(label, against) for label, against in pairs]
+        local = [self._judge(label, against) for label in labels]
+        topic = "original" if not isinstance(against, str) else against
         answers = gather(
-            f"step{self.step}/verdict/{topic}",
+            f"step{self.step}/verdict/{topic}/{','.join(labels)}",
             "".join("1" if ok else "0" for ok in local),
             self.wait_s,
         )
-        return [all(answer[i] == "1" for answer in answers) for i in range(len(pairs))]
+        agreed = [all(answer[i] == "1" for answer in answers) for i in range(len(labels))]
+        for label, ok in zip(labels, agreed, strict=True):
+            if label in self.outputs:
+                self.verdicts[label] = ok
+        return [label for label, ok in zip(labels, agreed, strict=True) if ok]
+
+    def fastest(self, labels: list[str], args, kwargs) -> str:
+        """Time the original and the `labels`' programs, called as the user
+        calls them, in rotating rounds (as many as `TIMING_ROUNDS` and rank 0's
+        estimate of the measuring budget allow; averaged over the ranks, so all
+        decide alike). Returns the fastest label, or 'original' when none is
+        strictly faster than the original (`slower_status`)."""
+        from disco_xla.runtime.agreement import broadcast, gather
+
+        original = self.function._original
+        arguments = [self.leaves[i] for i in self.compiled.kept]
+        calls = {"original": lambda: jax.block_until_ready(original(*args, **kwargs))}
+        for label in labels:
+            program = self.programs[label]
+            calls[label] = lambda program=program: jax.block_until_ready(program(arguments))
+        started = time.perf_counter()
+        for call in calls.values():
+            call()  # untimed: what the first runs set up is not measured
+        round_s = time.perf_counter() - started
+        budget_s = self.function._settings.measure_budget_s
+        rounds = int(
+            broadcast(
+                f"step{self.step}/timing/rounds",
+                lambda: str(_timing_rounds(round_s, budget_s)),
+                self.wait_s,
+            )
+        )
+        local = rotating_median_seconds(calls, rounds)
+        answers = gather(f"step{self.step}/timing", json.dumps(local), self.wait_s)
+        every = [json.loads(answer) for answer in answers]
+        self.measured_s = {label: sum(a[label] for a in every) / len(every) for label in calls}
+        best = min(labels, key=lambda label: (self.measured_s[label], labels.index(label)))
+        status = slower_status(self.measured_s["original"], self.measured_s[best], best)
+        return "original" if status is not None else best
+
+    def timing_of(self, chosen: str) -> tuple[float, float] | None:
+        """(original, chosen) median seconds per step, when they were timed."""
+        if chosen == "original" or chosen not in self.measured_s:
+            return None
+        return self.measured_s["original"], self.measured_s[chosen]
+
+    def status_of(self, label: str) -> str:
+        """The status of a signature that runs the `label` candidate."""
+        plan_equal = self.verdicts.get("plan", False)
+        described = {
+            "plan": "",
+            "buckets": "buckets only: "
+            + ("measured fastest" if plan_equal else "the plan's fusion changed results"),
+        }.get(label, f"{label}, measured fastest")
+        differing = ""
+        if self.against == "reference":
+            described += (", " if described else "") + "equal to the step compiled from HLO"
+            differing = _differing_from(self.original_result, self.outputs[label])
+        return (f"optimized ({described})" if described else "optimized") + differing
+
+    def original_status(self, equal: list[str]) -> str:
+        """The status when every agreeing candidate was slower than the original."""
+        best = min(equal, key=lambda label: self.measured_s[label])
+        return slower_status(
+            self.measured_s["original"], self.measured_s[best], self.status_of(best)
+        ) or ("original: " + self.why())
+
+    def report(self, chosen: str) -> dict[str, dict]:
+        """`measurements()`' entry for this signature."""
+        entries: dict[str, dict] = {}
+        for label in (*self.plans, *self.same_as):
+            entry: dict = {}
+            if label in self.simulated_s:
+                entry["simulated_s"] = self.simulated_s[label]
+            if label in self.same_as:
+                entry["same_as"] = self.same_as[label]
+            elif label in self.verdicts:
+                entry["equal"] = self.verdicts[label]
+            if label in self.measured_s:
+                entry["measured_s"] = self.measured_s[label]
+            entry["chosen"] = label == chosen
+            entries[label] = entry
+        if "original" in self.measured_s:
+            entries["original"] = {"measured_s": self.measured_s["original"]}
+        entries.setdefault("original", {})["chosen"] = chosen == "original"
+        return entries
 
     def why(self) -> str:
         return "; ".join(dict.fromkeys(self.problems)) or "no program agreed with the original"
@@ -305,22 +478,13 @@ def _difference(original_result: Any, rewritten_outputs: list) -> str:
             _local(jax.tree_util.tree_leaves(original_result)), _local(rewritten_outputs)
         )
     except Exception as error:  # noqa: BLE001
-        return "could not compare the outputs: " + _one_line(error)
+        return "could not compare the outputs: " + one_line(error)
     if verdict.equal:
         return ""
     return (
         "the rewritten program's outputs differ from the original's (max relative "
         f"difference {verdict.max_rel_diff:.3g})"
     )
-
-
-def _failures(answers: list[str]) -> list[str]:
-    """The answers that are not 'ok', with their rank when there are several."""
-    return [
-        answer if len(answers) == 1 else f"rank {rank}: {answer}"
-        for rank, answer in enumerate(answers)
-        if answer != "ok"
-    ]
 
 
 def _differing_from(original_result: Any, rewritten_outputs: list) -> str:
@@ -351,42 +515,39 @@ def _local(arrays) -> list[np.ndarray]:
     return [np.asarray(shard.data) for array in arrays for shard in array.addressable_shards]
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
-
-
 def _warn(function: OptimizedFunction, why: str) -> None:
     """One warning per function and reason (a new signature with the same problem
     does not warn again)."""
-    why = why.removeprefix("original: ")
-    if why in function._warned:
-        return
-    function._warned.add(why)
-    warnings.warn(
-        f"disco_xla.jit({function.__name__}) runs the original program: {why}",
-        DiscoFallbackWarning,
-        stacklevel=4,
-    )
+    function._warn("jit", why, stacklevel=4, once=True)
 
 
 def jit(
     fn: Callable | None = None,
     *,
-    cluster: str = "cpu-local",
-    budget_s: float = 30.0,
-    max_evaluations: int = 300,
-    seed: int = 0,
-    cost_model: str = "roofline",
-    cache_dir: str | None = None,
-    use_cache: bool = True,
-    check_speed: bool = True,
+    cluster: str = DEFAULTS.cluster,
+    budget_s: float = DEFAULTS.budget_s,
+    max_evaluations: int = DEFAULTS.max_evaluations,
+    seed: int = DEFAULTS.seed,
+    cost_model: str = DEFAULTS.cost_model,
+    cache_dir: str | None = DEFAULTS.cache_dir,
+    use_cache: bool = DEFAULTS.use_cache,
+    check_speed: bool = DEFAULTS.check_speed,
+    candidates: int = DEFAULTS.candidates,
+    measure_budget_s: float = DEFAULTS.measure_budget_s,
     **jit_kwargs: Any,
 ) -> Any:
     """Like `jax.jit(fn, **jit_kwargs)`, for a data-parallel training step, with
     disco-xla's plan for `cluster` applied. `fn` may already be transformed
     (`jax.pmap(step, axis_name=...)`, `jax.jit(shard_map(...))`), in which case no
     jit keyword arguments are taken. Usable as `@disco_xla.jit` or
-    `@disco_xla.jit(cluster=...)`."""
+    `@disco_xla.jit(cluster=...)`.
+
+    With `check_speed`, the first call with a signature times the search's
+    `candidates` best plans, the plan's buckets alone and the best baseline
+    beside the original (in rotating rounds, at most `measure_budget_s`), and
+    runs the fastest that computes the same as the original, or the original
+    when none is faster. `measurements()` reports each candidate's simulated
+    and measured time; the plan cache keeps the choice for the next run."""
     settings_arguments = dict(
         cluster=cluster,
         budget_s=budget_s,
@@ -396,6 +557,8 @@ def jit(
         cache_dir=cache_dir,
         use_cache=use_cache,
         check_speed=check_speed,
+        candidates=candidates,
+        measure_budget_s=measure_budget_s,
     )
     if fn is None:
         return functools.partial(jit, **settings_arguments, **jit_kwargs)

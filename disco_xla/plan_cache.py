@@ -5,7 +5,13 @@ training script pays for the search once per model and machine. The cache lives
 in `~/.cache/disco_xla/plans.sqlite` (or `$XDG_CACHE_HOME/disco_xla`, or a
 directory the caller names). Several processes may read and write it at once:
 sqlite's own locking serialises the writers, and the write-ahead log lets readers
-go on meanwhile. Switching a new file to the write-ahead log is the one step that
+go on meanwhile. Beside each plan the cache keeps its candidates (the plans
+measured against it: the search's next best, the best baseline) with their
+simulated times, and, once a first call has timed them on this machine, which
+one ran fastest and every candidate's measured time (`CandidateRecord`). It
+also keeps the kernel times measured on each machine (`add_kernel_times`, by
+structural hash), which the next search there reads before any cost model.
+Switching a new file to the write-ahead log is the one step that
 sqlite does not wait for (it fails at once with "database is locked" when another
 process is doing the same), so creating the file is serialised by a lock file
 beside it. A cache that cannot be read is never fatal: it only costs a search.
@@ -18,12 +24,54 @@ import hashlib
 import json
 import os
 import sqlite3
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from disco_xla.plan import Plan
 
-CACHE_SCHEMA = 1
+CACHE_SCHEMA = 2
 _BUSY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    """The candidates of a cached plan, and what measuring them found.
+
+    `plans` maps each label to its plan ('plan' is the search's best; the
+    others are 'candidate-N', the search's N-th best, and 'baseline:NAME');
+    `simulated_s` their simulated step times. `chosen` is the label that ran
+    fastest and computed the same as the original when measured ('original'
+    when none was faster; None: not measured yet), and `measured_s` every
+    timed program's median step time, the original's under 'original'."""
+
+    plans: dict[str, Plan]
+    simulated_s: dict[str, float] = field(default_factory=dict)
+    chosen: str | None = None
+    measured_s: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "plans": {label: json.loads(plan.to_json()) for label, plan in self.plans.items()},
+                "simulated_s": self.simulated_s,
+                "chosen": self.chosen,
+                "measured_s": self.measured_s,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> CandidateRecord:
+        data = json.loads(text)
+        plans = {
+            label: Plan.from_json(json.dumps(plan), source) for label, plan in data["plans"].items()
+        }
+        return cls(
+            plans,
+            {k: float(v) for k, v in data.get("simulated_s", {}).items()},
+            data.get("chosen"),
+            {k: float(v) for k, v in data.get("measured_s", {}).items()},
+        )
 
 
 def default_cache_dir() -> Path:
@@ -40,6 +88,19 @@ def cache_key(fingerprint: str, profile: object, options: dict) -> str:
         default=str,
     )
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def machine_key(profile: object) -> str:
+    """The key under which kernel times measured on a machine are kept: its
+    full profile (the values, not only the name)."""
+    return hashlib.sha256(repr(profile).encode()).hexdigest()
+
+
+def times_digest(times_s: dict[str, float]) -> str:
+    """A short digest of a kernel-time table, for cache keys: a search that
+    reads other measured times may find another plan."""
+    text = json.dumps(sorted(times_s.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class PlanCache:
@@ -65,6 +126,15 @@ class PlanCache:
                 connection.execute(
                     "CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, plan TEXT NOT NULL, "
                     "module TEXT NOT NULL, created REAL NOT NULL DEFAULT (julianday('now')))"
+                )
+                connection.execute(
+                    "CREATE TABLE IF NOT EXISTS candidates (key TEXT PRIMARY KEY, "
+                    "record TEXT NOT NULL)"
+                )
+                connection.execute(
+                    "CREATE TABLE IF NOT EXISTS kernel_times (machine TEXT NOT NULL, "
+                    "kernel TEXT NOT NULL, seconds REAL NOT NULL, samples INTEGER NOT NULL, "
+                    "PRIMARY KEY (machine, kernel))"
                 )
                 connection.commit()
             finally:
@@ -108,6 +178,73 @@ class PlanCache:
         except (sqlite3.Error, OSError):
             return False
         return True
+
+    def get_candidates(self, key: str) -> CandidateRecord | None:
+        """The candidates stored beside the plan of `key` (None when there are
+        none, or the cache is unreadable or the entry damaged)."""
+        try:
+            connection = self._connect()
+            try:
+                row = connection.execute(
+                    "SELECT record FROM candidates WHERE key = ?", (key,)
+                ).fetchone()
+            finally:
+                connection.close()
+            return None if row is None else CandidateRecord.from_json(row[0], str(self.path))
+        except Exception:  # noqa: BLE001 - an unreadable cache or a damaged entry is a miss
+            return None
+
+    def put_candidates(self, key: str, record: CandidateRecord) -> bool:
+        """Store (or replace) the candidates of `key`; False if the cache is unwritable."""
+        try:
+            connection = self._connect()
+            try:
+                with connection:
+                    connection.execute(
+                        "INSERT OR REPLACE INTO candidates (key, record) VALUES (?, ?)",
+                        (key, record.to_json()),
+                    )
+            finally:
+                connection.close()
+        except (sqlite3.Error, OSError):
+            return False
+        return True
+
+    def add_kernel_times(self, machine: str, times_s: dict[str, float]) -> bool:
+        """Add measured kernel times (structural hash -> seconds) for `machine`
+        (`machine_key`): a kernel measured before keeps the mean of all its
+        measurements. False (nothing stored) if the cache is unwritable."""
+        try:
+            connection = self._connect()
+            try:
+                with connection:
+                    connection.executemany(
+                        "INSERT INTO kernel_times (machine, kernel, seconds, samples) "
+                        "VALUES (?, ?, ?, 1) ON CONFLICT (machine, kernel) DO UPDATE SET "
+                        "seconds = (seconds * samples + excluded.seconds) / (samples + 1), "
+                        "samples = samples + 1",
+                        [(machine, kernel, float(s)) for kernel, s in sorted(times_s.items())],
+                    )
+            finally:
+                connection.close()
+        except (sqlite3.Error, OSError):
+            return False
+        return True
+
+    def kernel_times(self, machine: str) -> dict[str, float]:
+        """Every kernel time measured on `machine`, by structural hash ({} when
+        none, or the cache is unreadable)."""
+        try:
+            connection = self._connect()
+            try:
+                rows = connection.execute(
+                    "SELECT kernel, seconds FROM kernel_times WHERE machine = ?", (machine,)
+                ).fetchall()
+            finally:
+                connection.close()
+        except (sqlite3.Error, OSError):
+            return {}
+        return {kernel: float(seconds) for kernel, seconds in rows}
 
     def __len__(self) -> int:
         try:

@@ -9,49 +9,38 @@ all-reduces. Both take one `OptimizeSettings` value.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
-from disco_xla.plan_cache import PlanCache, cache_key
-
-
-@dataclass(frozen=True)
-class OptimizeSettings:
-    """Everything that decides which plan a module gets."""
-
-    cluster: str = "cpu-local"  # a profile name or a YAML path
-    budget_s: float = 30.0  # wall-clock search budget
-    max_evaluations: int = 300  # plan evaluations; with the seed, what makes plans reproducible
-    alpha: float = 1.05
-    seed: int = 0
-    cost_model: str = "roofline"
-    cache_dir: str | None = None  # None: ~/.cache/disco_xla
-    use_cache: bool = True
-    check_speed: bool = True  # time the rewritten step on first call; keep the faster
-
-    def search_options(self) -> dict:
-        """The options that change the search result (the cache key's part)."""
-        options = asdict(self)
-        for local_only in ("cluster", "cache_dir", "use_cache", "check_speed"):
-            options.pop(local_only)
-        return options
+from disco_xla.plan_cache import (
+    CandidateRecord,
+    PlanCache,
+    cache_key,
+    machine_key,
+    times_digest,
+)
+from disco_xla.settings import OptimizeSettings
 
 
 @dataclass(frozen=True)
 class PlanChoice:
-    plan: Plan
+    plan: Plan  # the search's best
     from_cache: bool
     seconds: float  # spent finding it (cache lookup or search)
+    # The plans to measure against each other ('plan' among them), with their
+    # simulated times, and the measured choice once a first call has made one.
+    candidates: CandidateRecord
+    cache_key: str = ""
 
 
 def prepared(module: HloModule) -> HloModule:
     """The module plans are made for: `module` with its `call`s inlined, as XLA
     inlines them before fusion (a copy; `module` is left as it is)."""
-    from disco_xla.hlo_passes.inline_calls import inline_calls
+    from disco_xla.hlo_passes.inline_calls import InlineCalls
 
     copy = HloModule.from_bytes(module.to_bytes(), module.source, module.file_format)
-    inline_calls(copy)
+    InlineCalls().run(copy)
     return copy
 
 
@@ -61,18 +50,28 @@ def has_cross_device_all_reduces(module: HloModule) -> bool:
 
 
 def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
-    """The plan for `module`: from the cache when there, else searched and cached."""
-    from disco_xla.search import optimize
+    """The plan for `module`, and the candidates to measure beside it
+    (`measured_alternatives`): from the cache when there, else searched and
+    cached. The search reads the kernel times measured on this machine
+    (`learn_kernel_times`) first, the settings' cost model for other kernels."""
+    from disco_xla.search import optimize_with_candidates
     from disco_xla.simulator.profiles import load_profile
 
     started = time.perf_counter()
     profile = load_profile(settings.cluster)
     cache = PlanCache(settings.cache_dir) if settings.use_cache else None
-    key = cache_key(module.fingerprint, profile, settings.search_options())
+    # Kernel times measured on this machine before: the search trusts them over
+    # any cost model, and a new measurement makes a new search.
+    measured_s = cache.kernel_times(machine_key(profile)) if cache is not None else {}
+    options = settings.search_options()
+    if measured_s:
+        options["measured_kernels"] = times_digest(measured_s)
+    key = cache_key(module.fingerprint, profile, options)
     if cache is not None:
         plan = cache.get(key)
         if plan is not None and plan.fingerprint == module.fingerprint:
-            return PlanChoice(plan, True, time.perf_counter() - started)
+            record = cache.get_candidates(key) or CandidateRecord({"plan": plan})
+            return PlanChoice(plan, True, time.perf_counter() - started, record, key)
     try:  # XLA's own fusion: the search then starts from every baseline too
         from disco_xla.runtime.apply import NO_COMBINER
         from disco_xla.runtime.xla_runner import compile_module
@@ -80,7 +79,7 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
         compiled = compile_module(module, NO_COMBINER)
     except Exception:  # noqa: BLE001 - the search still runs, from its other starts
         compiled = None
-    plan = optimize(
+    found, baselines = optimize_with_candidates(
         module,
         compiled=compiled,
         cluster=settings.cluster,
@@ -89,10 +88,43 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
         alpha=settings.alpha,
         seed=settings.seed,
         cost_model=settings.cost_model,
+        keep=settings.candidates,
+        measured_s=measured_s,
     )
+    top_plans = found.top_plans or ((found.iteration_s, found.plan),)
+    alternatives, simulated = measured_alternatives(top_plans, baselines, settings.candidates)
+    record = CandidateRecord({"plan": found.plan, **alternatives}, simulated)
     if cache is not None:
-        cache.put(key, plan)
-    return PlanChoice(plan, False, time.perf_counter() - started)
+        cache.put(key, found.plan)
+        cache.put_candidates(key, record)
+    return PlanChoice(found.plan, False, time.perf_counter() - started, record, key)
+
+
+def learn_kernel_times(settings: OptimizeSettings, times_s: dict[str, float]) -> bool:
+    """Store kernel times measured on this machine (structural hash -> seconds)
+    in the plan cache under `settings.cluster`'s profile, for every later
+    search there (`find_plan`). False when there is no cache to store them in."""
+    from disco_xla.simulator.profiles import load_profile
+
+    if not settings.use_cache or not times_s:
+        return False
+    profile = load_profile(settings.cluster)
+    return PlanCache(settings.cache_dir).add_kernel_times(machine_key(profile), times_s)
+
+
+def remember_measurement(
+    choice: PlanChoice, settings: OptimizeSettings, chosen: str, measured_s: dict[str, float]
+) -> None:
+    """Store which candidate ran fastest on this machine (`chosen`, or
+    'original') and every measured time beside the plan in the cache, so that
+    the next first call on this machine runs that candidate without timing the
+    others again."""
+    if not settings.use_cache or not choice.cache_key:
+        return
+    record = CandidateRecord(
+        choice.candidates.plans, choice.candidates.simulated_s, chosen, dict(measured_s)
+    )
+    PlanCache(settings.cache_dir).put_candidates(choice.cache_key, record)
 
 
 # XLA's own groups of the modules seen last, by fingerprint: every candidate of
@@ -200,17 +232,12 @@ def checked_rewrite(
     unmeasured, for a module meant for another machine. Raises DiscoInputError
     when the module cannot be checked here, or the plan does not fit it."""
     from disco_xla.errors import DiscoInputError
-    from disco_xla.runtime.apply import RewriteError, time_candidates
+    from disco_xla.runtime.apply import time_candidates
     from disco_xla.runtime.xla_runner import devices_needed
 
     kinds = ("buckets",) if buckets_only else ("plan", "buckets")
     if not check:
-        kind = kinds[0]
-        try:
-            written = rewrite(module, plan, fusion=kind == "plan", source=source)
-        except RewriteError as error:
-            raise DiscoInputError(source, str(error)) from None
-        return CheckedRewrite(written, kind, "not checked (--no-check)", None, None, None, {}, plan)
+        return _unchecked_rewrite(module, plan, kinds[0], source)
     devices = devices_needed(module)
     if devices > MAX_CHECK_DEVICES:
         raise DiscoInputError(
@@ -218,23 +245,10 @@ def checked_rewrite(
             f"the module runs on {devices} devices; this machine checks rewrites on at most "
             f"{MAX_CHECK_DEVICES} (pass --no-check to write the plan unchecked)",
         )
-    candidates: dict[str, HloModule] = {}
-    report: dict[str, dict] = {}
     wanted = {kind: (plan, kind == "plan") for kind in kinds}
     for label, other in (alternatives or {}).items():
         wanted[label] = (other, not buckets_only)
-    for label, (each, fusion) in wanted.items():
-        try:
-            candidate = rewrite(module, each, fusion=fusion, source=source)
-        except RewriteError as error:
-            report[label] = {"error": str(error)}
-            continue
-        same = [c for c, m in candidates.items() if m.fingerprint == candidate.fingerprint]
-        if same and label not in kinds:
-            report[label] = {"same_as": same[0]}
-        if same:
-            continue  # e.g. no fusion departure: the plan is its buckets
-        candidates[label] = candidate
+    candidates, report = _distinct_rewrites(module, wanted, kinds, source)
     # Against XLA's own program (combiner on): what the user would run otherwise.
     try:
         original_s, results = time_candidates(
@@ -247,15 +261,7 @@ def checked_rewrite(
             f"cannot run the module here to check the rewrite ({type(error).__name__}: "
             f"{message}); pass --no-check to write the plan unchecked",
         ) from None
-    for kind, result in results.items():
-        report[kind] = {
-            "seconds": result.seconds,
-            "equal": result.outputs.equal,
-            "max_rel_diff": result.outputs.max_rel_diff,
-        }
-    for label, seconds in (simulated_s or {}).items():
-        if label in report:
-            report[label]["simulated_s"] = seconds
+    _add_results(report, results, simulated_s or {})
     passing = [
         kind
         for kind in results
@@ -278,6 +284,58 @@ def checked_rewrite(
         )
     refusals = "; ".join(f"the {kind} {_refusal(report[kind], original_s)}" for kind in report)
     return CheckedRewrite(module, "original", refusals, original_s, original_s, True, report)
+
+
+def _unchecked_rewrite(module: HloModule, plan: Plan, kind: str, source: str) -> CheckedRewrite:
+    """The plan (or its buckets alone, `kind`) written without running it."""
+    from disco_xla.errors import DiscoInputError
+    from disco_xla.runtime.apply import RewriteError
+
+    try:
+        written = rewrite(module, plan, fusion=kind == "plan", source=source)
+    except RewriteError as error:
+        raise DiscoInputError(source, str(error)) from None
+    return CheckedRewrite(written, kind, "not checked (--no-check)", None, None, None, {}, plan)
+
+
+def _add_results(report: dict[str, dict], results: dict, simulated_s: dict[str, float]) -> None:
+    """Each measured candidate's entry in the report, and the simulated
+    seconds of every candidate that has an entry."""
+    for kind, result in results.items():
+        report[kind] = {
+            "seconds": result.seconds,
+            "equal": result.outputs.equal,
+            "max_rel_diff": result.outputs.max_rel_diff,
+        }
+    for label, seconds in simulated_s.items():
+        if label in report:
+            report[label]["simulated_s"] = seconds
+
+
+def _distinct_rewrites(
+    module: HloModule, wanted: dict[str, tuple[Plan, bool]], kinds: tuple[str, ...], source: str
+) -> tuple[dict[str, HloModule], dict[str, dict]]:
+    """Each wanted candidate (label -> (plan, fusion)) rewritten, leaving out
+    those that make the same program as one before them; and the report's
+    entries of those that failed ({'error'}) or were left out ({'same_as'};
+    not for the plan's own `kinds`, which the report describes otherwise)."""
+    from disco_xla.runtime.apply import RewriteError
+
+    candidates: dict[str, HloModule] = {}
+    report: dict[str, dict] = {}
+    for label, (each, fusion) in wanted.items():
+        try:
+            candidate = rewrite(module, each, fusion=fusion, source=source)
+        except RewriteError as error:
+            report[label] = {"error": str(error)}
+            continue
+        same = [c for c, m in candidates.items() if m.fingerprint == candidate.fingerprint]
+        if same and label not in kinds:
+            report[label] = {"same_as": same[0]}
+        if same:
+            continue  # e.g. no fusion departure: the plan is its buckets
+        candidates[label] = candidate
+    return candidates, report
 
 
 def measured_alternatives(

@@ -12,8 +12,9 @@ import tempfile
 
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
-from disco_xla.simulator.events import SimulationResult, plot_gantt
+from disco_xla.simulator.events import SimulationResult
 from disco_xla.simulator.profiles import ClusterProfile
+from disco_xla.simulator.trace import plot_gantt
 
 
 def write_report(
@@ -23,6 +24,8 @@ def write_report(
     results: dict[str, SimulationResult],
     plan: Plan,
 ) -> None:
+    """Write the page to `path`: `results` holds each simulated plan by name,
+    `xla` and `found` among them; `plan` is the found plan."""
     xla_s = results["xla"].iteration_s
     rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{r.iteration_s * 1e3:.3f}</td>"

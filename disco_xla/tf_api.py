@@ -5,7 +5,8 @@ On the first call with a given input signature (the concrete function that
 TensorFlow itself picks for the arguments, and the arguments' shapes: a trace
 with unknown dimensions serves several), the step's HLO is captured, a plan is
 read from the plan cache or searched, the module is rewritten, and the rewritten
-program runs once beside the original on the same inputs. If the outputs agree
+program runs once beside the original on the same inputs (then its buckets
+alone, if the plan's program does not agree). If the outputs agree
 (the rule of `runtime.apply.compare_outputs`: bit-equal, or within 1e-6 of the
 output scales), later calls with that signature run the rewritten program;
 otherwise, or if anything at all fails on our side, the original runs, with one
@@ -13,11 +14,13 @@ otherwise, or if anything at all fails on our side, the original runs, with one
 call returns the original's result, so training never depends on an unchecked
 program. Called inside another `tf.function`'s trace, the original runs.
 
-With `check_speed` (the default), a rewritten program that passed the check is
-then timed against the original, both called as the user calls them (after one
-untimed call that compiles the optimised step; `TIMING_ROUNDS` paired rounds,
-alternating which runs first), and the original is kept, without a warning, if
-it is as fast or faster here (`wrapped_step.slower_status`: the status says
+With `check_speed` (the default), the plan's candidates are built as well (its
+buckets alone, the search's next best plans, the best baseline: the plan
+cache's `CandidateRecord`), every one that computes the same as the original is
+timed against it, all called as the user calls them (after one untimed call
+each that compiles the optimised step; `TIMING_ROUNDS` rotating rounds), and
+the fastest runs; the original is kept, without a warning, if it is as fast or
+faster here (`wrapped_step.slower_status`: the status says
 "original: faster here ..."). The timed calls assign the step's variables like
 any call: their values are saved before and assigned back after, so timing
 trains nothing.
@@ -56,14 +59,19 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from disco_xla.planning import OptimizeSettings
-from disco_xla.timing import paired_median_seconds
-from disco_xla.wrapped_step import TIMING_ROUNDS, DiscoFallbackWarning, WrappedStep, slower_status
+from disco_xla.settings import DEFAULTS, OptimizeSettings
+from disco_xla.timing import rotating_median_seconds
+from disco_xla.wrapped_step import (
+    TIMING_ROUNDS,
+    DiscoFallbackWarning,
+    WrappedStep,
+    one_line,
+    slower_status,
+)
 
 __all__ = ["DiscoFallbackWarning", "TfFunction", "tf_function"]
 
@@ -98,6 +106,7 @@ class _Signature:
     plan: Any = None
     comparison: Any = None
     timing: tuple[float, float] | None = None  # (original, optimised) median seconds per step
+    candidates: dict[str, dict] = field(default_factory=dict)  # see WrappedStep.measurements
 
 
 class TfFunction(WrappedStep):
@@ -148,7 +157,7 @@ class TfFunction(WrappedStep):
             key = (concrete_function, _shapes(flat_arguments))
         except Exception as error:  # noqa: BLE001 - never break training
             if (concrete_function, None) not in self._by_signature:
-                status = f"original: could not flatten the arguments: {_one_line(error)}"
+                status = f"original: could not flatten the arguments: {one_line(error)}"
                 self._by_signature[(concrete_function, None)] = _Signature(status)
                 _warn(self, status, depth=1)
             return self._original(*args, **kwargs)
@@ -163,7 +172,7 @@ class TfFunction(WrappedStep):
             flat_outputs = signature.step(*flat_arguments)
         except Exception as error:  # noqa: BLE001 - never break training
             signature.step = None
-            signature.status = f"original: the rewritten program failed: {_one_line(error)}"
+            signature.status = f"original: the rewritten program failed: {one_line(error)}"
             _warn(self, signature.status, depth=1)
             return self._original(*args, **kwargs)
         self.last_used = "optimized"
@@ -172,68 +181,39 @@ class TfFunction(WrappedStep):
     def _first_call(
         self, concrete_function, flat_arguments: list, args: tuple, kwargs: dict
     ) -> tuple[_Signature, Any]:
-        from disco_xla.runtime.apply import compare_outputs
-
+        """Build the candidates, run the original, keep the candidates that
+        compute the same, and with `check_speed` time them (`_TfCandidates`)."""
         signature = _Signature("original")
-        reason, rewritten_outputs = "", None
+        reason, candidates, result = "", None, None
         try:
             module = self._capture(args, kwargs)
             layout = step_layout(module, concrete_function, flat_arguments)
-            program, signature.plan = self._rewritten_program(module)
-            parameter_values = _parameter_values(layout, flat_arguments, concrete_function)
-            rewritten_outputs = [t.numpy() for t in program(*parameter_values)]
-            step = _optimized_step(program, layout, concrete_function)
+            candidates = _TfCandidates(self, module, layout, concrete_function, flat_arguments)
+            signature.plan = candidates.choice.plan
+            result, equal = candidates.first_agreeing(args, kwargs)
         except Exception as error:  # noqa: BLE001 - never break training
-            reason = _one_line(error)
-        result = self._original(*args, **kwargs)
-        if not reason:
+            reason, equal = one_line(error), []
+        if result is None:
+            result = self._original(*args, **kwargs)
+        if candidates is not None and not reason and not equal:
+            reason = candidates.why()
+        if equal:
             try:
-                original_outputs = _original_outputs(
-                    result, layout, flat_arguments, concrete_function
+                chosen = (
+                    candidates.fastest(equal, args, kwargs)
+                    if self._settings.check_speed
+                    else equal[0]
                 )
-                signature.comparison = compare_outputs(original_outputs, rewritten_outputs)
-                if not signature.comparison.equal:
-                    reason = (
-                        "the rewritten program's outputs differ from the original's (max "
-                        f"relative difference {signature.comparison.max_rel_diff:.3g})"
-                    )
-            except Exception as error:  # noqa: BLE001
-                reason = "could not compare the outputs: " + _one_line(error)
-        if not reason:
-            signature.status, signature.step = "optimized", step
-            try:
-                self._unless_slower(
-                    signature, layout, concrete_function, flat_arguments, args, kwargs
-                )
+                candidates.finish(signature, chosen)
             except Exception as error:  # noqa: BLE001 - never break training
                 signature.step = None
-                reason = "the speed check failed: " + _one_line(error)
+                reason = "the speed check failed: " + one_line(error)
+        if candidates is not None:
+            signature.candidates = candidates.report(signature)
         if reason:
             signature.status = "original: " + reason
             _warn(self, signature.status)
         return signature, result
-
-    def _unless_slower(
-        self, signature: _Signature, layout, concrete_function, flat_arguments, args, kwargs
-    ) -> None:
-        """Time the optimised step against the original (see the module
-        docstring) and keep the original if ours is not faster. The variables the
-        step assigns get their values back afterwards."""
-        if not self._settings.check_speed:
-            return
-        saved = _updated_variable_values(layout, flat_arguments, concrete_function)
-        try:
-            signature.step(*flat_arguments)  # its compile is not timed
-            signature.timing = paired_median_seconds(
-                lambda: self._original(*args, **kwargs),
-                lambda: signature.step(*flat_arguments),
-                TIMING_ROUNDS,
-            )
-        finally:
-            _assign_variables(layout, flat_arguments, concrete_function, saved)
-        status = slower_status(*signature.timing, signature.status)
-        if status is not None:
-            signature.status, signature.step = status, None
 
     def _capture(self, args, kwargs):
         """The step's module for these arguments. Defaults are bound first:
@@ -246,19 +226,180 @@ class TfFunction(WrappedStep):
         )
         return HloModule.from_bytes(data, f"<tf:{self.__name__}>", "memory")
 
-    def _rewritten_program(self, module):
-        from disco_xla.planning import find_plan, has_cross_device_all_reduces, rewrite
+
+class _TfCandidates:
+    """The candidate programs of one first call: the plan, its buckets alone,
+    and with `check_speed` the search's next best plans and the best baseline,
+    each rewritten, compiled as a call_module program, run on the step's
+    parameter values, compared with the original and timed beside it."""
+
+    def __init__(self, function: TfFunction, module, layout, concrete_function, flat_arguments):
+        from disco_xla.planning import find_plan
+
+        self.function, self.module, self.layout = function, module, layout
+        self.concrete_function, self.flat_arguments = concrete_function, flat_arguments
+        self.choice = find_plan(module, function._settings)
+        self.order = {"plan": (self.choice.plan, True), "buckets": (self.choice.plan, False)}
+        if function._settings.check_speed:
+            plans = self.choice.candidates.plans
+            self.order.update({label: (plan, True) for label, plan in plans.items()})
+        self.programs: dict[str, Any] = {}
+        self.outputs: dict[str, list] = {}
+        self.fingerprints: dict[str, str] = {}
+        self.same_as: dict[str, str] = {}
+        self.comparisons: dict[str, Any] = {}
+        self.measured_s: dict[str, float] = {}
+        self.steps: dict[str, Any] = {}  # label -> its optimised step, once timed
+        self.chosen = "original"
+        self.problems: list[str] = []
+
+    def first_agreeing(self, args: tuple, kwargs: dict) -> tuple[Any, list[str]]:
+        """Run the candidates (all at once when they are to be timed, else one
+        after the other until one agrees) and the original; returns the
+        original's result and the labels that computed the same, in order."""
+        from disco_xla.runtime.apply import compare_outputs
+
+        all_at_once = self.function._settings.check_speed
+        labels = list(self.order)
+        batches = [labels] if all_at_once else [[label] for label in labels]
+        values = _parameter_values(self.layout, self.flat_arguments, self.concrete_function)
+        result, expected = None, None
+        for batch in batches:
+            for label in batch:
+                self._build_and_run(label, values)
+            if result is None:
+                result = self.function._original(*args, **kwargs)
+                expected = _original_outputs(
+                    result, self.layout, self.flat_arguments, self.concrete_function
+                )
+            equal = []
+            for label in batch:
+                if label not in self.outputs:
+                    continue
+                try:
+                    self.comparisons[label] = compare_outputs(expected, self.outputs[label])
+                except Exception as error:  # noqa: BLE001
+                    self.problems.append("could not compare the outputs: " + one_line(error))
+                    continue
+                if self.comparisons[label].equal:
+                    equal.append(label)
+                else:
+                    self.problems.append(
+                        "the rewritten program's outputs differ from the original's (max "
+                        f"relative difference {self.comparisons[label].max_rel_diff:.3g})"
+                    )
+            if equal:
+                return result, equal
+        return result, []
+
+    def _build_and_run(self, label: str, values: list) -> None:
+        from disco_xla.planning import has_cross_device_all_reduces, rewrite
         from disco_xla.runtime.tensorflow import CallModuleProgram, entry_parameter_shapes
 
-        plan = find_plan(module, self._settings).plan
-        # A step on one device has no all-reduces for JAX's compile to check; the
-        # first-call comparison in TF checks the rewritten program itself.
-        rewritten = rewrite(module, plan, check=has_cross_device_all_reduces(module))
-        program = CallModuleProgram(rewritten)
-        original_parameters = [str(s) for s in entry_parameter_shapes(module)]
-        if [str(s) for s in program.parameter_shapes] != original_parameters:
-            raise MappingError("the rewritten module takes different parameters")
-        return program, plan
+        plan, fusion = self.order[label]
+        try:
+            # A step on one device has no all-reduces for JAX's compile to check;
+            # the comparison in TF checks the rewritten program itself.
+            rewritten = rewrite(
+                self.module, plan, fusion, check=has_cross_device_all_reduces(self.module)
+            )
+            for other, fingerprint in self.fingerprints.items():
+                if fingerprint == rewritten.fingerprint:
+                    self.same_as[label] = other
+                    return
+            self.fingerprints[label] = rewritten.fingerprint
+            program = CallModuleProgram(rewritten)
+            original_parameters = [str(s) for s in entry_parameter_shapes(self.module)]
+            if [str(s) for s in program.parameter_shapes] != original_parameters:
+                raise MappingError("the rewritten module takes different parameters")
+            self.outputs[label] = [t.numpy() for t in program(*values)]
+            self.programs[label] = program
+        except Exception as error:  # noqa: BLE001
+            self.problems.append(
+                f"{label}: {one_line(error)}" if label != "plan" else one_line(error)
+            )
+
+    def fastest(self, labels: list[str], args: tuple, kwargs: dict) -> str:
+        """Time the original and each of `labels`' optimised steps, called as
+        the user calls them, in rotating rounds (after one untimed call each,
+        which compiles); the variables the steps assign get their values back
+        afterwards. Returns the fastest label, or 'original' when none is
+        strictly faster (`slower_status`)."""
+        layout, flat, concrete = self.layout, self.flat_arguments, self.concrete_function
+        steps = {label: _optimized_step(self.programs[label], layout, concrete) for label in labels}
+        calls = {"original": lambda: self.function._original(*args, **kwargs)}
+        calls.update({label: (lambda step=step: step(*flat)) for label, step in steps.items()})
+        saved = _updated_variable_values(layout, flat, concrete)
+        try:
+            for call in calls.values():
+                call()  # compiles; not timed
+            self.measured_s = rotating_median_seconds(calls, TIMING_ROUNDS)
+        finally:
+            _assign_variables(layout, flat, concrete, saved)
+        self.steps = steps
+        best = min(labels, key=lambda label: (self.measured_s[label], labels.index(label)))
+        status = slower_status(self.measured_s["original"], self.measured_s[best], best)
+        return "original" if status is not None else best
+
+    def finish(self, signature: _Signature, chosen: str) -> None:
+        """Fill `signature` with the chosen program (or the original's status),
+        and store the measured choice in the plan cache."""
+        from disco_xla.planning import remember_measurement
+
+        self.chosen = chosen
+        if self.measured_s:
+            remember_measurement(self.choice, self.function._settings, chosen, self.measured_s)
+        if chosen == "original":
+            best = min(self.measured_s.keys() - {"original"}, key=self.measured_s.get)
+            signature.status = slower_status(
+                self.measured_s["original"], self.measured_s[best], self._status_of(best)
+            )
+            signature.comparison = self.comparisons[best]
+            signature.timing = (self.measured_s["original"], self.measured_s[best])
+            return
+        signature.status = self._status_of(chosen)
+        signature.comparison = self.comparisons[chosen]
+        signature.plan = self.order[chosen][0]
+        signature.step = self.steps.get(chosen) or _optimized_step(
+            self.programs[chosen], self.layout, self.concrete_function
+        )
+        if chosen in self.measured_s:
+            signature.timing = (self.measured_s["original"], self.measured_s[chosen])
+
+    def _status_of(self, label: str) -> str:
+        if label == "plan":
+            return "optimized"
+        if label == "buckets":
+            plan_equal = "plan" in self.comparisons and self.comparisons["plan"].equal
+            why = "measured fastest" if plan_equal else "the plan's fusion changed results"
+            return f"optimized (buckets only: {why})"
+        return f"optimized ({label}, measured fastest)"
+
+    def report(self, signature: _Signature) -> dict[str, dict]:
+        """`measurements()`' entry for this signature."""
+        simulated = self.choice.candidates.simulated_s
+        entries: dict[str, dict] = {}
+        for label in self.order:
+            entry: dict = {}
+            if label in simulated:
+                entry["simulated_s"] = simulated[label]
+            if label in self.same_as:
+                entry["same_as"] = self.same_as[label]
+            elif label in self.comparisons:
+                entry["equal"] = self.comparisons[label].equal
+            elif label not in self.programs:
+                continue
+            if label in self.measured_s:
+                entry["measured_s"] = self.measured_s[label]
+            entry["chosen"] = label == self.chosen and signature.step is not None
+            entries[label] = entry
+        entries["original"] = {"chosen": signature.step is None}
+        if "original" in self.measured_s:
+            entries["original"]["measured_s"] = self.measured_s["original"]
+        return entries
+
+    def why(self) -> str:
+        return "; ".join(dict.fromkeys(self.problems)) or "no program agreed with the original"
 
 
 def step_layout(module, concrete_function, flat_arguments) -> StepLayout:
@@ -437,32 +578,25 @@ def _pack_outputs(concrete_function, flat_outputs: list) -> Any:
     return tf.nest.pack_sequence_as(structure, filled, expand_composites=True)
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
-
-
 def _warn(function: TfFunction, why: str, depth: int = 2) -> None:
     """Warn, pointing at the user's call: `depth` of our frames lie between
     this function and it."""
-    why = why.removeprefix("original: ")
-    warnings.warn(
-        f"disco_xla.tf_function({function.__name__}) runs the original program: {why}",
-        DiscoFallbackWarning,
-        stacklevel=depth + 2,
-    )
+    function._warn("tf_function", why, stacklevel=depth + 2)
 
 
 def tf_function(
     fn: Callable | None = None,
     *,
-    cluster: str = "cpu-local",
-    budget_s: float = 30.0,
-    max_evaluations: int = 300,
-    seed: int = 0,
-    cost_model: str = "roofline",
-    cache_dir: str | None = None,
-    use_cache: bool = True,
-    check_speed: bool = True,
+    cluster: str = DEFAULTS.cluster,
+    budget_s: float = DEFAULTS.budget_s,
+    max_evaluations: int = DEFAULTS.max_evaluations,
+    seed: int = DEFAULTS.seed,
+    cost_model: str = DEFAULTS.cost_model,
+    cache_dir: str | None = DEFAULTS.cache_dir,
+    use_cache: bool = DEFAULTS.use_cache,
+    check_speed: bool = DEFAULTS.check_speed,
+    candidates: int = DEFAULTS.candidates,
+    measure_budget_s: float = DEFAULTS.measure_budget_s,
     **tf_function_kwargs: Any,
 ) -> Any:
     """Like `tf.function(fn, jit_compile=True, **tf_function_kwargs)`, for a
@@ -480,6 +614,8 @@ def tf_function(
         cache_dir=cache_dir,
         use_cache=use_cache,
         check_speed=check_speed,
+        candidates=candidates,
+        measure_budget_s=measure_budget_s,
     )
     if fn is None:
         return functools.partial(tf_function, **settings_arguments, **tf_function_kwargs)

@@ -33,15 +33,27 @@ def paired_median_seconds(
     original first in odd ones (a noisy machine then slows both alike). Each
     callable must return only once its results are ready. Returns
     (original_s, rewritten_s)."""
-    seconds: dict[str, list[float]] = {"original": [], "rewritten": []}
-    calls = {"original": original, "rewritten": rewritten}
+    medians = rotating_median_seconds({"rewritten": rewritten, "original": original}, rounds)
+    return medians["original"], medians["rewritten"]
+
+
+def rotating_median_seconds(
+    calls: dict[str, Callable[[], object]], rounds: int
+) -> dict[str, float]:
+    """Median wall time of each program over `rounds` rounds. Every round runs
+    each program once, back to back, and the order rotates by one place a round
+    (round r starts with the r-th program), so that each program runs in every
+    position and a noisy machine slows all of them alike. Each callable must
+    return only once its results are ready."""
+    labels = list(calls)
+    seconds: dict[str, list[float]] = {label: [] for label in labels}
     for round_index in range(rounds):
-        order = ("original", "rewritten") if round_index % 2 else ("rewritten", "original")
-        for name in order:
+        shift = round_index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
             started = time.perf_counter()
-            calls[name]()
-            seconds[name].append(time.perf_counter() - started)
-    return statistics.median(seconds["original"]), statistics.median(seconds["rewritten"])
+            calls[label]()
+            seconds[label].append(time.perf_counter() - started)
+    return {label: statistics.median(times) for label, times in seconds.items()}
 
 
 def traced_events(

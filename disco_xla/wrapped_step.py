@@ -6,9 +6,10 @@ original because something failed; the rule of their first-call speed check."""
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
-from disco_xla.planning import OptimizeSettings
+from disco_xla.settings import OptimizeSettings
 
 TIMING_ROUNDS = 6  # paired rounds of the first-call speed check
 
@@ -26,6 +27,7 @@ class WrappedStep:
         self._original = original
         self._settings = settings
         self._by_signature: dict[Any, Any] = {}
+        self._warned: set[str] = set()
         functools.update_wrapper(self, original, updated=())
 
     def __getattr__(self, name: str) -> Any:
@@ -39,6 +41,34 @@ class WrappedStep:
     def plans(self) -> list:
         """The plans found so far, one per optimised signature."""
         return [r.plan for r in self._by_signature.values() if r.plan is not None]
+
+    def measurements(self) -> list[dict]:
+        """Per signature seen so far: each candidate program's label mapped to
+        what the first call found of it: 'simulated_s' (the simulator's step
+        time, where the search gave one), 'equal' (its outputs against the
+        original's), 'measured_s' (its median step time, timed beside the
+        original's, which is under 'original'), or 'same_as' (the label of the
+        same program) or 'error'; and 'chosen' under the label it runs."""
+        return [dict(getattr(r, "candidates", {})) for r in self._by_signature.values()]
+
+    def _warn(self, api: str, why: str, stacklevel: int, once: bool = False) -> None:
+        """The fallback warning: `api` (e.g. 'jit') runs the original for `why`,
+        pointing `stacklevel` frames up. With `once`, a reason this function
+        has already warned of (for another signature) is not repeated."""
+        why = why.removeprefix("original: ")
+        if once and why in self._warned:
+            return
+        self._warned.add(why)
+        warnings.warn(
+            f"disco_xla.{api}({self.__name__}) runs the original program: {why}",
+            DiscoFallbackWarning,
+            stacklevel=stacklevel + 1,
+        )
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line of at most 300 characters, with its type."""
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]
 
 
 def slower_status(original_s: float, rewritten_s: float, chosen: str) -> str | None:

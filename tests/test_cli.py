@@ -1,4 +1,4 @@
-"""The `disco-xla` command as a user runs it: inspect, convert, bad input."""
+"""The `disco-xla` command as a user runs it: inspect, convert, bad input, flags' defaults."""
 
 from __future__ import annotations
 
@@ -127,3 +127,84 @@ def test_a_reader_that_stops_early_is_not_an_internal_error(module_files):
     _, errors = child.communicate(timeout=120)
     assert "internal error" not in errors and "Traceback" not in errors, errors
     assert child.returncode == 141
+
+
+def test_optimize_flags_default_to_the_shared_settings():
+    from disco_xla.cli import build_parser
+    from disco_xla.settings import DEFAULTS
+
+    args = build_parser().parse_args(["optimize", "step.pb", "--cluster", "c", "-o", "p.json"])
+    assert (args.budget_s, args.max_evals, args.alpha, args.seed) == (
+        DEFAULTS.budget_s,
+        DEFAULTS.max_evaluations,
+        DEFAULTS.alpha,
+        DEFAULTS.seed,
+    )
+    assert (args.cost_model, args.candidates, args.measure_budget_s) == (
+        DEFAULTS.cost_model,
+        DEFAULTS.candidates,
+        DEFAULTS.measure_budget_s,
+    )
+
+
+def test_python_dash_m_runs_the_same_command_line():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "disco_xla.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == run_cli("--help").stdout
+    for command in ("inspect", "capture", "calibrate", "optimize", "profile", "eval-cost-model"):
+        assert command in result.stdout
+
+
+def test_optimize_measure_times_the_candidates_and_writes_only_a_plan(module_files, tmp_path):
+    from disco_xla import load_module
+    from disco_xla.plan import Plan, verify_plan
+
+    plan_path = tmp_path / "plan.json"
+    result = run_cli(
+        "optimize",
+        module_files["jax_pmap_step"],
+        "--cluster",
+        "cpu-local",
+        "--max-evals",
+        "40",
+        "--candidates",
+        "2",
+        "--measure",
+        "-o",
+        str(plan_path),
+        "--json",
+        timeout_s=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)
+    measured, written = summary["measured"], summary["written"]
+    timed = {label: e for label, e in measured["candidates"].items() if "seconds" in e}
+    assert "plan" in timed and all(e["equal"] for e in timed.values()), measured
+    faster = {
+        label: e["seconds"] for label, e in timed.items() if e["seconds"] < measured["original_s"]
+    }
+    assert written == (min(faster, key=faster.get) if faster else "original")
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no module written
+    verify_plan(Plan.from_json(plan_path.read_text()), load_module(module_files["jax_pmap_step"]))
+    refused = run_cli(
+        "optimize",
+        module_files["jax_pmap_step"],
+        "--cluster",
+        "cpu-local",
+        "--measure",
+        "--no-check",
+        "-o",
+        str(plan_path),
+    )
+    assert refused.returncode == 2 and "--measure" in refused.stderr

@@ -7,18 +7,24 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from disco_xla.env_hook import parse_flags
+from disco_xla.settings import DEFAULTS
 
 
 def test_flags_are_parsed_with_their_defaults():
     flags = parse_flags("--disco_enable --disco_cluster=v100-2x8-25g --disco_budget_s=5")
     assert flags.enable and flags.cluster == "v100-2x8-25g" and flags.budget_s == 5.0
-    assert flags.max_evaluations == 300 and flags.use_cache and flags.cache_dir is None
+    assert flags.use_cache and flags.cache_dir is None
+    # Every other setting is the one default of `settings.DEFAULTS`.
+    assert flags.settings() == replace(DEFAULTS, cluster="v100-2x8-25g", budget_s=5.0)
     assert not parse_flags("").enable
+    measured = parse_flags("--disco_candidates=2 --disco_measure_budget_s=7.5").settings()
+    assert (measured.candidates, measured.measure_budget_s) == (2, 7.5)
 
 
 @pytest.mark.parametrize(
@@ -27,6 +33,7 @@ def test_flags_are_parsed_with_their_defaults():
         ("--disco_enable --disco_bogus=1", "--disco_bogus"),
         ("--disco_budget_s=fast", "--disco_budget_s"),
         ("--disco_max_evaluations=0", "--disco_max_evaluations"),
+        ("--disco_candidates=0", "--disco_candidates"),
         ("disco_enable", "disco_enable"),
     ],
 )

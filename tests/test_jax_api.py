@@ -158,3 +158,56 @@ def test_static_arguments_and_new_shapes_get_their_own_programs(tmp_path):
         _assert_same(plain(w, x, scale), optimized(w, x, scale))
         _assert_same(plain(w, x, scale), optimized(w, x, scale))
     assert optimized.status() == ["optimized"] * 3
+
+
+def test_jit_times_its_candidates_and_runs_the_fastest_equal_one(tmp_path):
+    """With the speed check on, the first call builds the search's best plans,
+    its buckets alone and the best baseline, times the distinct ones that
+    compute the same as the original beside it, runs the fastest, and stores
+    the choice with every measured time in the plan cache; a later process
+    (here: a second wrapper) then runs the stored choice without timing the
+    others again."""
+    from disco_xla.demo import build_step
+
+    step, (params, opt_state, batch), _ = build_step()
+    optimized = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30)
+    _assert_same(step(params, opt_state, batch), optimized(params, opt_state, batch))
+    (report,) = optimized.measurements()
+    timed = {label: e for label, e in report.items() if "measured_s" in e and label != "original"}
+    assert len(timed) >= 2, report  # the search's best and at least one other program
+    assert all(e["equal"] and "simulated_s" in e for e in timed.values()), report
+    assert all(report[e["same_as"]].get("equal") for e in report.values() if "same_as" in e)
+    (chosen,) = [label for label, entry in report.items() if entry["chosen"]]
+    (status,) = optimized.status()
+    fastest = min(timed, key=lambda label: timed[label]["measured_s"])
+    if chosen == "original":
+        assert status.startswith("original: faster here"), status
+        assert timed[fastest]["measured_s"] >= report["original"]["measured_s"]
+    else:
+        assert chosen == fastest and status.startswith("optimized"), (status, report)
+        assert timed[chosen]["measured_s"] < report["original"]["measured_s"]
+    # The cache holds the choice and the times, as measured.
+    (key,) = _cache_keys(tmp_path)
+    stored = PlanCache(tmp_path).get_candidates(key)
+    assert stored.chosen == chosen
+    assert stored.measured_s == {
+        label: e["measured_s"] for label, e in report.items() if "measured_s" in e
+    }
+    again = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30)
+    _assert_same(step(params, opt_state, batch), again(params, opt_state, batch))
+    (second,) = again.measurements()
+    labels = {label for label, entry in second.items() if "measured_s" in entry}
+    if chosen == "original":  # nothing to reuse: every candidate is timed again
+        assert labels == set(timed) | {"original"}
+    else:
+        assert labels == {chosen, "original"}
+
+
+def _cache_keys(directory) -> list[str]:
+    import sqlite3
+
+    connection = sqlite3.connect(directory / "plans.sqlite")
+    try:
+        return [row[0] for row in connection.execute("SELECT key FROM candidates")]
+    finally:
+        connection.close()

@@ -67,3 +67,36 @@ def test_a_damaged_cache_file_is_a_miss_not_an_error(tmp_path, content):
     else:  # an empty file is a valid empty database
         assert cache.get("key") is None
         assert cache.put("key", _plan(1))
+
+
+def test_candidates_and_their_measured_choice_round_trip(tmp_path):
+    from disco_xla.plan_cache import CandidateRecord
+
+    cache = PlanCache(tmp_path)
+    key = cache_key("c" * 64, load_profile("cpu-local"), {"seed": 0})
+    assert cache.get_candidates(key) is None
+    record = CandidateRecord(
+        {"plan": _plan(1), "candidate-2": _plan(2), "baseline:ddp": _plan(3)},
+        {"plan": 0.001, "candidate-2": 0.0011, "baseline:ddp": 0.0012},
+    )
+    assert cache.put_candidates(key, record)
+    assert cache.get_candidates(key) == record and record.chosen is None
+    measured = CandidateRecord(
+        record.plans, record.simulated_s, "candidate-2", {"original": 0.002, "candidate-2": 0.0015}
+    )
+    assert cache.put_candidates(key, measured)  # the measured choice replaces the unmeasured
+    assert PlanCache(tmp_path).get_candidates(key) == measured
+
+
+def test_a_damaged_candidates_entry_is_a_miss(tmp_path):
+    import sqlite3
+
+    from disco_xla.plan_cache import CandidateRecord
+
+    cache = PlanCache(tmp_path)
+    assert cache.put_candidates("key", CandidateRecord({"plan": _plan(1)}))
+    connection = sqlite3.connect(tmp_path / "plans.sqlite")
+    with connection:
+        connection.execute("UPDATE candidates SET record = '{\"plans\": 3'")
+    connection.close()
+    assert cache.get_candidates("key") is None

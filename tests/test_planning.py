@@ -38,3 +38,46 @@ def test_the_next_best_plans_and_the_best_baseline_are_measured(plans):
     # More candidates than the search kept: all it kept.
     alternatives, _ = measured_alternatives(top, {}, count=10)
     assert list(alternatives) == ["candidate-2", "candidate-3"]
+
+
+def test_kernel_times_measured_on_a_machine_steer_its_next_search(captured, tmp_path):
+    """The plan cache keeps kernel times per machine; the next search on that
+    machine trusts them over the cost model (which still prices every kernel
+    not measured), so a plan whose kernels were measured slow is replaced."""
+    from disco_xla.plan_cache import PlanCache, machine_key
+    from disco_xla.planning import find_plan, learn_kernel_times
+    from disco_xla.settings import OptimizeSettings
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.profiles import load_profile
+
+    step = HloModule.from_bytes(captured["jax_pmap_step"][0], "step")
+    settings = OptimizeSettings(max_evaluations=40, budget_s=1e9, cache_dir=str(tmp_path))
+    first = find_plan(step, settings)
+    assert not first.from_cache and find_plan(step, settings).from_cache
+    # Measured: every kernel of the first plan that fuses several instructions
+    # takes a second, far beyond what the roofline gives it.
+    fused = [k for k in build_task_graph(step, first.plan).kernels if len(k.instructions) > 1]
+    assert fused
+    slow = {kernel.structural_hash: 1.0 for kernel in fused}
+    assert learn_kernel_times(settings, slow)
+    machine = machine_key(load_profile(settings.cluster))
+    assert PlanCache(tmp_path).kernel_times(machine) == slow
+    learn_kernel_times(settings, {k: 3.0 for k in slow})  # measured again: the mean is kept
+    assert PlanCache(tmp_path).kernel_times(machine) == {k: 2.0 for k in slow}
+    second = find_plan(step, settings)  # a new search: the measured times are new
+    assert not second.from_cache and second.plan != first.plan
+    kernels = build_task_graph(step, second.plan).kernels
+    assert not {k.structural_hash for k in kernels} & set(slow)
+    # On another machine the measurement is not read: the first plan again.
+    elsewhere = OptimizeSettings(
+        cluster="a100-2x8-100g", max_evaluations=40, budget_s=1e9, cache_dir=str(tmp_path)
+    )
+    assert (
+        find_plan(step, elsewhere).plan
+        == find_plan(
+            step,
+            OptimizeSettings(
+                cluster="a100-2x8-100g", max_evaluations=40, budget_s=1e9, use_cache=False
+            ),
+        ).plan
+    )

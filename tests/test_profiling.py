@@ -7,6 +7,7 @@ import numpy as np
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.profiling.kernel_times import kernel_time_table, profile_kernel_times
+from disco_xla.runtime.apply import NO_COMBINER
 from disco_xla.runtime.xla_runner import PartitionedProgram, random_arguments
 from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
 from disco_xla.simulator.events import simulate
@@ -16,7 +17,7 @@ from disco_xla.simulator.profiles import load_profile
 
 def test_every_compiled_kernel_gets_a_measured_time(captured):
     module = HloModule.from_bytes(captured["jax_pmap_step"][0])
-    program = PartitionedProgram(module, 4, ["cpu-all-reduce-combiner"])
+    program = PartitionedProgram(module, 4, NO_COMBINER)
     run = program.device_runner(random_arguments(program.parameters, seed=0))
     times = profile_kernel_times(run, repeats=3)
     compiled = program.compiled_module()

@@ -30,53 +30,67 @@ mode; concatenation does, bit for bit.)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes import edit
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.plan import Plan
+from disco_xla.hlo_passes.hlo_schema import ShapeProto
+from disco_xla.hlo_passes.shapes import F32_TYPE
 
 GROUP_FIELDS = (
     "collective_device_list",
     "iota_collective_device_list",
     "mesh_axes_replica_group_list",
 )
-NAME = "bucket-all-reduces"
 BUCKET_MARK = "disco_xla.bucket"
-F32, NARROW_FLOATS = 11, frozenset({10, 16})  # PrimitiveType F32; F16 and BF16
+NARROW_FLOATS = frozenset({10, 16})  # PrimitiveType F16 and BF16
 
 
-def bucket_all_reduces(module: HloModule, plan: Plan, widen_narrow_floats: bool = True) -> bool:
-    """Run the pass for a plan that `verify_plan` accepted. Returns whether the
-    module changed."""
-    by_name = {i.name: i for i in module.instructions()}
-    changed = False
-    previous_id: dict[str, int] = {}  # the last bucket so far in each computation
-    for index, bucket in enumerate(plan.all_reduce_buckets):
-        members = [by_name[name] for name in bucket]
-        computation = members[0].computation
-        if len(members) == 1:
-            current_id = members[0].id
-        elif members[0].opcode == "reduce-scatter":
-            current_id = _concatenate_reduce_scatters(module, index, members)
-            changed = True
-        else:
-            current_id = _concatenate_bucket(module, index, members, widen_narrow_floats)
-            changed = True
-        if computation.name in previous_id:
-            _order_after(computation, current_id, previous_id[computation.name])
-            changed = True
-        previous_id[computation.name] = current_id
-    if changed:
-        module.rebuild()
-    return changed
+class BucketAllReduces:
+    """The pass (`pass_interface.HloPass`). `all_reduce_buckets` are a plan's
+    buckets in order, each a tuple of the names of the gradient all-reduces (or
+    reduce-scatters) it sends together; bucket k's collective is named
+    `BUCKET_MARK.k`. `widen_narrow_floats`: see the module's docstring."""
+
+    name = "bucket-all-reduces"
+
+    def __init__(
+        self, all_reduce_buckets: Sequence[tuple[str, ...]], widen_narrow_floats: bool = True
+    ):
+        self.all_reduce_buckets = tuple(tuple(bucket) for bucket in all_reduce_buckets)
+        self.widen_narrow_floats = widen_narrow_floats
+
+    def run(self, module: HloModule) -> bool:
+        """Bucket the all-reduces (named in `module`, a valid plan's); returns
+        whether the module changed."""
+        changed = False
+        previous_id: dict[str, int] = {}  # the last bucket so far in each computation
+        for index, bucket in enumerate(self.all_reduce_buckets):
+            members = [module.instruction(name) for name in bucket]
+            computation = members[0].computation
+            if len(members) == 1:
+                current_id = members[0].id
+            elif members[0].opcode == "reduce-scatter":
+                current_id = _concatenate_reduce_scatters(module, index, members)
+                changed = True
+            else:
+                current_id = _concatenate_bucket(module, index, members, self.widen_narrow_floats)
+                changed = True
+            if computation.name in previous_id:
+                _order_after(computation, current_id, previous_id[computation.name])
+                changed = True
+            previous_id[computation.name] = current_id
+        if changed:
+            module.rebuild()
+        return changed
 
 
 def _concatenate_bucket(module: HloModule, index: int, members, widen: bool) -> int:
     computation = members[0].computation
     template = members[0].proto
     element_type = template.shape.element_type
-    reduce_type = F32 if widen and element_type in NARROW_FLOATS else element_type
+    reduce_type = F32_TYPE if widen and element_type in NARROW_FLOATS else element_type
     flats, sizes = [], []
     for member in members:
         if len(member.operands) != 1 or member.shape.is_tuple:
@@ -143,7 +157,7 @@ def _concatenate_bucket(module: HloModule, index: int, members, widen: bool) -> 
         )
         _replace_member(computation, member, restored)
         offset += size
-    _remove_members(computation, members)
+    module.remove_instructions(members)
     return reduced.id
 
 
@@ -207,7 +221,7 @@ def _concatenate_reduce_scatters(module: HloModule, index: int, members) -> int:
         restored = _block_as_result(computation, piece, member)
         _replace_member(computation, member, restored)
         offset += width
-    _remove_members(computation, members)
+    module.remove_instructions(members)
     return reduced.id
 
 
@@ -279,13 +293,6 @@ def _replace_member(computation, member, restored) -> None:
         computation.proto.root_id = restored.id
 
 
-def _remove_members(computation, members) -> None:
-    removed = {member.id for member in members}
-    kept = [p for p in computation.proto.instructions if p.id not in removed]
-    del computation.proto.instructions[:]
-    computation.proto.instructions.extend(kept)
-
-
 def _order_after(computation, instruction_id: int, predecessor_id: int) -> None:
     for proto in computation.proto.instructions:
         if proto.id == instruction_id and predecessor_id not in proto.control_predecessor_ids:
@@ -298,8 +305,6 @@ def _vector(element_type: int, size: int):
 
 def _array(element_type: int, dims: list[int]):
     """An array ShapeProto with the default (row-major) layout."""
-    from disco_xla.hlo_passes.hlo_schema import ShapeProto
-
     shape = ShapeProto(element_type=element_type, dimensions=dims)
     shape.layout.minor_to_major.extend(reversed(range(len(dims))))
     return shape

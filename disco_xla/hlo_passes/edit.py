@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from disco_xla.hlo_passes.graph import Computation
 
-F32 = 11
-
 
 def fresh_instruction_id(computation: Computation) -> int:
     """An id no instruction of `computation` uses, in XLA's (computation << 32) | n form.
-    The next free id is remembered on the view (a pass adds many instructions;
-    rescanning the computation each time made outlining quadratic)."""
+    The next free id is remembered on the view: a pass adds many instructions,
+    and a rescan of the computation for each would make outlining quadratic."""
     next_id = computation.__dict__.get("_next_free_id")
     if next_id is None:
         taken = [p.id for p in computation.proto.instructions]

@@ -6,7 +6,8 @@ edge, and it still fuses freely inside (design notes §2). The group's values us
 outside come back through a tuple; their users read them through
 get-tuple-element.
 
-Only the groups that need it are outlined (`plan.departing_groups`):
+The pass outlines the groups it is given; the caller gives it only those that
+need a boundary (`plan.departing_groups`):
 - a group that XLA forms by itself (one of its own kernels, mapped back onto the
   module by `search.xla_fusion`) is left to XLA: nothing marks it;
 - a group that holds a library op (convolution, dot) is never outlined. The
@@ -27,12 +28,12 @@ which the caller must still check against the original's outputs.
 Constant expressions (values computed from constants alone: TF's element count
 of a mean, the zero a reduce starts from) never cross a group's edge: an input
 that is one is copied into the outlined computation, and a member that is one
-stays in place as well, for the readers outside. XLA folds them as it would have
-without the boundary; passed through the call they became run-time values, and
-XLA:CPU compiled e.g. a reduce whose start value is a parameter with different
-rounding than one that starts from the constant 0 (1 ulp of a batch-norm
-variance, which ResNet50's ill-conditioned gradients at batch 2 amplified into
-a relative difference of 20). A group of constant expressions alone stays as it is.
+stays in place as well, for the readers outside. XLA folds them as it does
+without the boundary. Passed through the call they would be run-time values,
+and XLA:CPU compiles e.g. a reduce whose start value is a parameter with
+different rounding than one that starts from the constant 0 (1 ulp of a
+batch-norm variance, which ResNet50's ill-conditioned gradients at batch 2
+amplify into a relative difference of 20). A group of constant expressions alone stays as it is.
 
 Cost: outlining a group touches only its members, their operands, and the readers
 of its outputs and members (found through the graph view, and through an index of
@@ -42,15 +43,14 @@ the calls added so far), so the pass is linear in the module's size plus its edg
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from disco_xla.hlo_passes import edit
-from disco_xla.hlo_passes.graph import ELEMENTWISE_OPCODES, Computation, HloModule, Instruction
-from disco_xla.plan import Plan, departing_groups
+from disco_xla.hlo_passes.flops import ELEMENTWISE_OPCODES
+from disco_xla.hlo_passes.graph import Computation, HloModule, Instruction
+from disco_xla.hlo_passes.shapes import TUPLE_TYPE
 
-NAME = "fusion-boundaries"
 GROUP_MARK = "disco_xla.kernel"
-TUPLE_ELEMENT_TYPE = 13
 # Opcodes whose result is a constant when their operands are constants.
 _PURE_OPCODES = ELEMENTWISE_OPCODES | {
     "broadcast",
@@ -67,36 +67,41 @@ _PURE_OPCODES = ELEMENTWISE_OPCODES | {
 }
 
 
-def outline_fusion_groups(
-    module: HloModule, plan: Plan, left_to_xla: Iterable[tuple[str, ...]] | None = None
-) -> bool:
-    """Run the pass for a plan that `verify_plan` accepted: outline its
-    `departing_groups`. `left_to_xla` holds the groups XLA forms by itself
-    (`search.xla_fusion.xla_fusion_plan(...).fusion_groups`). Returns whether the
-    module changed."""
-    by_name = {i.name: i for i in module.instructions()}
-    outliner = _Outliner(module)
-    departing = set(departing_groups(module, plan, left_to_xla))
-    for index, group in enumerate(plan.fusion_groups):  # named by the plan's group number
-        if group in departing:
-            outliner.outline(index, [by_name[name] for name in group])
-    if not outliner.outlined:
-        return False
-    remove_outlined(module, outliner.outlined)
-    return True
+class OutlineFusionGroups:
+    """The pass (`pass_interface.HloPass`). `fusion_groups` are a plan's op-fusion
+    groups, as tuples of instruction names, in the plan's order: group k's
+    computation and call are named `GROUP_MARK.k`. `boundaries` are the groups
+    to outline (`plan.departing_groups`); None outlines every one."""
 
+    name = "fusion-boundaries"
 
-def remove_outlined(module: HloModule, outlined: set[int]) -> None:
-    """Remove the outlined members (by id) from their computations, and rebuild
-    the graph view. Done at the end: until then the members' protos stay the live
-    ones that later groups copy and rewire (protobuf copies messages when a list
-    is rebuilt)."""
-    for computation in module.computations:
-        kept = [p for p in computation.proto.instructions if p.id not in outlined]
-        if len(kept) != len(computation.proto.instructions):
-            del computation.proto.instructions[:]
-            computation.proto.instructions.extend(kept)
-    module.rebuild()
+    def __init__(
+        self,
+        fusion_groups: Sequence[tuple[str, ...]],
+        boundaries: Sequence[tuple[str, ...]] | None = None,
+    ):
+        self.fusion_groups = tuple(tuple(group) for group in fusion_groups)
+        self.boundaries = (
+            self.fusion_groups
+            if boundaries is None
+            else tuple(tuple(group) for group in boundaries)
+        )
+
+    def run(self, module: HloModule) -> bool:
+        """Outline the groups (named in `module`, a valid plan's); returns whether
+        the module changed."""
+        outliner = _Outliner(module)
+        chosen = set(self.boundaries)
+        for index, group in enumerate(self.fusion_groups):
+            if group in chosen:
+                outliner.outline(index, [module.instruction(name) for name in group])
+        if not outliner.outlined:
+            return False
+        # Removed at the end: until then the members' protos stay the live ones
+        # that later groups copy and rewire.
+        module.remove_instructions(outliner.outlined)
+        module.rebuild()
+        return True
 
 
 class _Outliner:
@@ -108,7 +113,7 @@ class _Outliner:
         self.next_computation_id = max(c.id for c in module.proto.computations) + 1
         self.forwarded: dict[int, int] = {}  # an outlined output's id -> its get-tuple-element
         self.call_of: dict[int, int] = {}  # an outlined member's id -> its group's call
-        self.outlined: set[int] = set()
+        self.outlined: list[Instruction] = []  # members moved into a callee
         # Instructions this pass added (the calls), by the ids they read as operands
         # and as control predecessors, so that outlining those ids later rewires them.
         self.added_readers: dict[int, list] = defaultdict(list)
@@ -156,13 +161,26 @@ class _Outliner:
         them also stay in place. A group of constant expressions alone stays as it is."""
         computation = members[0].computation
         position = self._position(computation)
-        inside = {id(m) for m in members}
         order = sorted(members, key=lambda m: position[id(m)])
         moved = [m for m in order if not self.is_constant_expression(m)]
         if not moved:
             return
-        inputs: list[Instruction] = []  # what the call passes in
-        constants: list[Instruction] = []  # what the callee computes again instead
+        inputs, constants = self._inputs(order)
+        group = {id(m) for m in members}
+        outputs = [
+            m for m in moved if computation.root is m or any(id(u) not in group for u in m.users)
+        ]
+        callee = self._add_callee(index, inputs, _operands_first(constants) + order, outputs)
+        call = self._add_call(computation, index, callee, inputs, moved)
+        self._read_outputs_from_call(computation, call, outputs, moved)
+        self._wait_for_call(call, moved)
+
+    def _inputs(self, order: list[Instruction]) -> tuple[list[Instruction], list[Instruction]]:
+        """The operands of a group's members from outside it, each once: (what the
+        call passes in, the constant expressions the callee computes again)."""
+        inside = {id(m) for m in order}
+        inputs: list[Instruction] = []
+        constants: list[Instruction] = []
         seen_inputs: set[int] = set()
         for member in order:
             for operand in member.operands:
@@ -173,12 +191,11 @@ class _Outliner:
                     constants.append(operand)
                 else:
                     inputs.append(operand)
-        outputs = [
-            m for m in moved if computation.root is m or any(id(u) not in inside for u in m.users)
-        ]
-        members = moved
-        inside = {id(m) for m in members}
-        callee = self._add_callee(index, inputs, _operands_first(constants) + order, outputs)
+        return inputs, constants
+
+    def _add_call(self, computation, index: int, callee, inputs, moved: list[Instruction]):
+        """Add the non-inlineable call of `callee` in place of the `moved`
+        members, with their control predecessors from outside the group."""
         call = edit.add_instruction(
             computation,
             f"{GROUP_MARK}.{index}.call",
@@ -191,8 +208,9 @@ class _Outliner:
         call.metadata.op_name = f"{GROUP_MARK}/{index}"
         for i in inputs:
             self.added_readers[i.id].append(call)
+        inside = {id(m) for m in moved}
         predecessors = dict.fromkeys(
-            p.id for m in members for p in m.control_predecessors if id(p) not in inside
+            p.id for m in moved for p in m.control_predecessors if id(p) not in inside
         )
         for predecessor in predecessors:
             if predecessor in self.call_of:  # its group is outlined already
@@ -200,8 +218,11 @@ class _Outliner:
             else:
                 call.control_predecessor_ids.append(predecessor)
                 self.added_control_successors[predecessor].append(call)
+        return call
 
-        # One get-tuple-element per output; the readers outside read it instead.
+    def _read_outputs_from_call(self, computation, call, outputs, moved) -> None:
+        """One get-tuple-element per output; the readers outside read it instead."""
+        inside = {id(m) for m in moved}
         for slot, output in enumerate(outputs):
             element = edit.add_instruction(
                 computation,
@@ -221,10 +242,13 @@ class _Outliner:
                         proto.operand_ids[operand_slot] = element.id
             if computation.proto.root_id == output.id:
                 computation.proto.root_id = element.id
-        # Whatever had to wait for a member now waits for the call.
-        for member in members:
+
+    def _wait_for_call(self, call, moved: list[Instruction]) -> None:
+        """Whatever had to wait for a moved member now waits for the call."""
+        inside = {id(m) for m in moved}
+        for member in moved:
             self.call_of[member.id] = call.id
-            self.outlined.add(member.id)
+            self.outlined.append(member)
             successors = [
                 s.proto for s in self._control_successors.get(id(member), []) if id(s) not in inside
             ]
@@ -276,7 +300,7 @@ class _Outliner:
             opcode="tuple",
             id=(callee_id << 32) | len(callee.instructions),
         )
-        root.shape.element_type = TUPLE_ELEMENT_TYPE
+        root.shape.element_type = TUPLE_TYPE
         for output in outputs:
             root.operand_ids.append(new_id[output.id])
             root.shape.tuple_shapes.add().CopyFrom(output.proto.shape)

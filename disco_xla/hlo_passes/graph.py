@@ -5,6 +5,11 @@ users, control predecessors, called computations) is built and validated when th
 module is constructed, so every later stage reads one shared, checked object and
 nothing re-parses. Opcodes the view does not model are kept as they are: they take
 part in the graph like any other instruction and count zero FLOPs.
+
+Beside the view, this module infers device counts and partitioning from the
+module; the analyses `gradients` (which reductions reduce gradients) and `flops`
+(the FLOP model) back `HloModule.all_reduces`, `Instruction.flops` and
+`HloModule.total_flops`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -20,6 +26,7 @@ from google.protobuf.message import DecodeError
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes import hlo_schema
+from disco_xla.hlo_passes.flops import estimate_flops, total_flops
 from disco_xla.hlo_passes.shapes import Shape, shape_from_proto
 
 # Instructions whose called computations run as program code (not as reducers).
@@ -63,18 +70,6 @@ def collective_bytes(instr: Instruction) -> int:
     return max(operand_bytes, shape.bytes)
 
 
-# One FLOP per output element.
-ELEMENTWISE_OPCODES = frozenset(
-    """abs add atan2 and cbrt ceil clamp compare cosine divide erf exponential
-    exponential-minus-one floor imag is-finite log log-plus-one logistic maximum minimum
-    multiply negate not or popcnt power real remainder round-nearest-afz round-nearest-even
-    rsqrt select shift-left shift-right-arithmetic shift-right-logical sign sine sqrt
-    subtract tan tanh xor count-leading-zeros stochastic-convert""".split()
-)
-# Substrings of `metadata.op_name` that mark backward-pass (gradient) code:
-# JAX autodiff names it `transpose(jvp(...))`, TF's GradientTape `gradient_tape/`,
-# and our own all-reduce insertion pass marks what it adds with `disco_xla.gradient`.
-BACKWARD_MARKS = ("transpose(", "gradient_tape/", "disco_xla.gradient")
 _REDUCTION_BY_ROOT = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "product"}
 
 
@@ -222,6 +217,7 @@ class HloModule:
         self._build_view()
 
     def _build_view(self) -> None:
+        self._instruction_by_name: dict[str, Instruction] | None = None  # built on first use
         self.computations: list[Computation] = [
             Computation(c, self) for c in self.proto.computations
         ]
@@ -311,6 +307,33 @@ class HloModule:
         """Every instruction of every computation, in proto order."""
         for computation in self.computations:
             yield from computation.instructions
+
+    def instruction(self, name: str) -> Instruction:
+        """The instruction called `name` (XLA keeps names unique in a module; if
+        two share one, the later in proto order). KeyError if there is none."""
+        if self._instruction_by_name is None:
+            self._instruction_by_name = {instr.name: instr for instr in self.instructions()}
+        return self._instruction_by_name[name]
+
+    # -- editing ------------------------------------------------------------
+    def remove_instructions(self, instructions: Iterable[Instruction]) -> int:
+        """Delete these instructions' protos from their computations' protos;
+        returns how many were deleted. The graph view is left as it was: a pass
+        calls `rebuild()` once it is done. Deleting rebuilds a computation's
+        repeated field, and protobuf copies the kept messages into it, so protos
+        of that computation held from before describe the module as it was."""
+        doomed: dict[int, tuple[Computation, set[int]]] = {}
+        for instr in instructions:
+            doomed.setdefault(id(instr.computation), (instr.computation, set()))[1].add(instr.id)
+        removed = 0
+        for computation, ids in doomed.values():
+            protos = computation.proto.instructions
+            kept = [proto for proto in protos if proto.id not in ids]
+            if len(kept) != len(protos):
+                removed += len(protos) - len(kept)
+                del protos[:]
+                protos.extend(kept)
+        return removed
 
     @property
     def instruction_count(self) -> int:
@@ -440,28 +463,12 @@ class HloModule:
     # -- analyses -----------------------------------------------------------
     @cached_property
     def all_reduces(self) -> list[AllReduce]:
-        """Every all-reduce and reduce-scatter, with which ones reduce gradients.
+        """Every all-reduce and reduce-scatter, with which ones reduce gradients
+        (`gradients`)."""
+        # Imported here: gradients imports this module.
+        from disco_xla.hlo_passes.gradients import BackwardCode, is_gradient_reduction
 
-        A gradient all-reduce (or reduce-scatter) is a cross-device sum of a
-        tensor computed in the backward pass. An instruction is backward if its `op_name` carries a
-        backward mark (BACKWARD_MARKS) or one of its operands is backward; the
-        result of an all-reduce is not (it has already been reduced). If the module
-        has no marks at all (hand-written HLO), every cross-device sum of a
-        non-scalar is taken to be a gradient.
-        """
-        backward: set[int] = set()
-        marked_any = False
-        for computation in self.computations:
-            if computation.role in ("fusion", "applied"):
-                continue
-            for instr in computation.topological_order:
-                if instr.opcode in REDUCTION_OPCODES:
-                    continue
-                if any(mark in instr.op_name for mark in BACKWARD_MARKS):
-                    marked_any = True
-                    backward.add(id(instr))
-                elif any(id(op) in backward for op in instr.operands):
-                    backward.add(id(instr))
+        backward = BackwardCode(self)
         found = []
         for computation in self.computations:
             for instr in computation.instructions:
@@ -470,14 +477,6 @@ class HloModule:
                 reduction = _reduction_kind(instr)
                 group_size, _ = _replica_groups(instr.proto)
                 cross_device = group_size is None or group_size > 1
-                is_sum = reduction == "sum" and cross_device
-                if marked_any:
-                    from_backward = any(id(op) in backward for op in instr.operands) or (
-                        "disco_xla.gradient" in instr.op_name
-                    )
-                    is_gradient = is_sum and from_backward
-                else:
-                    is_gradient = is_sum and any(leaf.dims for leaf in instr.shape.leaves())
                 found.append(
                     AllReduce(
                         name=instr.name,
@@ -488,7 +487,9 @@ class HloModule:
                         reduction=reduction,
                         group_size=group_size,
                         scope=_collective_scope(instr.proto),
-                        is_gradient=is_gradient,
+                        is_gradient=is_gradient_reduction(
+                            instr, reduction == "sum" and cross_device, backward
+                        ),
                         groups=device_groups(instr.proto),
                         kind=collective_kind(instr),
                     )
@@ -503,19 +504,8 @@ class HloModule:
 
     @cached_property
     def total_flops(self) -> int:
-        """FLOPs of one run of the program: entry and program computations, each
-        as often as it runs (a loop body once per trip: `trip_counts`); a fusion
-        counts its fused computation; reducers passed as `to_apply` are counted
-        by the instruction that applies them."""
-        from disco_xla.hlo_passes.trip_counts import executions
-
-        runs = executions(self)
-        return sum(
-            instr.flops * runs.get(computation.name, 1)
-            for computation in self.computations
-            if computation.role in ("entry", "program")
-            for instr in computation.instructions
-        )
+        """FLOPs of one run of the program (`flops.total_flops`)."""
+        return total_flops(self)
 
     def opcode_histogram(self) -> Counter:
         return Counter(instr.opcode for instr in self.instructions())
@@ -735,43 +725,3 @@ def _sharding_devices(sharding) -> int:
             return len(sharding.tile_assignment_devices)
         return math.prod(max(d, 1) for d in sharding.tile_assignment_dimensions)
     return 1
-
-
-def estimate_flops(instr: Instruction) -> int:
-    """A FLOP estimate by opcode: dot 2·M·N·K, convolution 2·out·window·in-features,
-    elementwise one per output element, reductions one per input element, fusion the
-    sum of its fused computation. Data movement and unknown opcodes count zero."""
-    opcode = instr.opcode
-    if opcode in ELEMENTWISE_OPCODES:
-        return instr.shape.elements
-    if opcode == "dot":
-        numbers = instr.proto.dot_dimension_numbers
-        lhs = instr.operands[0].shape.dims if instr.operands else ()
-        contracted = math.prod(
-            max(lhs[d], 0) for d in numbers.lhs_contracting_dimensions if 0 <= d < len(lhs)
-        )
-        return 2 * instr.shape.elements * contracted
-    if opcode == "convolution":
-        if len(instr.operands) < 2:
-            return 0
-        kernel = instr.operands[1].shape.dims
-        numbers = instr.proto.convolution_dimension_numbers
-        window = math.prod(
-            max(kernel[d], 0) for d in numbers.kernel_spatial_dimensions if 0 <= d < len(kernel)
-        )
-        in_dim = numbers.kernel_input_feature_dimension
-        in_features = max(kernel[in_dim], 0) if 0 <= in_dim < len(kernel) else 1
-        return 2 * instr.shape.elements * window * in_features
-    if opcode in ("reduce", "all-reduce", "all-reduce-start", "reduce-scatter"):
-        inputs = (
-            instr.operands[: max(1, len(instr.operands) // 2)]
-            if opcode == "reduce"
-            else instr.operands
-        )
-        return sum(op.shape.elements for op in inputs)
-    if opcode == "reduce-window":
-        window = math.prod(max(d.size, 1) for d in instr.proto.window.dimensions)
-        return instr.shape.elements * window
-    if opcode == "fusion":
-        return sum(i.flops for c in instr.called_computations for i in c.instructions)
-    return 0

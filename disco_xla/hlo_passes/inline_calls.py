@@ -15,37 +15,40 @@ from __future__ import annotations
 from disco_xla.hlo_passes import edit
 from disco_xla.hlo_passes.graph import HloModule, Instruction
 
-NAME = "inline-calls"
+
+class InlineCalls:
+    """The pass (`pass_interface.HloPass`); it takes no configuration."""
+
+    name = "inline-calls"
+
+    def run(self, module: HloModule) -> bool:
+        """Inline every inlineable call; returns whether the module changed."""
+        changed = False
+        while True:
+            calls = _innermost_inlineable_calls(module)
+            if not calls:
+                break
+            for call in calls:
+                _inline(call)
+            module.remove_instructions(calls)
+            module.rebuild()
+            changed = True
+        if changed:
+            _remove_uncalled_computations(module)
+        return changed
 
 
-def inline_calls(module: HloModule) -> bool:
-    """Run the pass; returns whether the module changed."""
-    changed = False
-    while True:
-        calls = [
-            instr
-            for computation in module.computations
-            if computation.role in ("entry", "program")
-            for instr in computation.instructions
-            if _inlineable(instr)
-            and not any(_inlineable(inner) for inner in instr.called_computations[0].instructions)
-        ]
-        if not calls:
-            break
-        # Innermost calls first: a callee is copied only once it has no calls left.
-        for call in calls:
-            _inline(call)
-        for computation in module.computations:
-            gone = {call.id for call in calls if call.computation is computation}
-            if gone:
-                kept = [p for p in computation.proto.instructions if p.id not in gone]
-                del computation.proto.instructions[:]
-                computation.proto.instructions.extend(kept)
-        module.rebuild()
-        changed = True
-    if changed:
-        _remove_uncalled_computations(module)
-    return changed
+def _innermost_inlineable_calls(module: HloModule) -> list[Instruction]:
+    """The inlineable calls of program code whose callee has none left: callees
+    are copied innermost first, each once it has no calls of its own."""
+    return [
+        instr
+        for computation in module.computations
+        if computation.role in ("entry", "program")
+        for instr in computation.instructions
+        if _inlineable(instr)
+        and not any(_inlineable(inner) for inner in instr.called_computations[0].instructions)
+    ]
 
 
 def _inlineable(instr: Instruction) -> bool:

@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-# XLA's PrimitiveType numbers (xla_data.proto) -> (name, bits per element).
+# XLA's PrimitiveType numbers (xla_data.proto) that code writes by name.
+F32_TYPE = 11
+TUPLE_TYPE = 13
+# XLA's PrimitiveType numbers -> (name, bits per element).
 ELEMENT_TYPES: dict[int, tuple[str, int]] = {
     1: ("pred", 8),
     30: ("s1", 1),
@@ -24,7 +27,7 @@ ELEMENT_TYPES: dict[int, tuple[str, int]] = {
     8: ("u32", 32),
     9: ("u64", 64),
     10: ("f16", 16),
-    11: ("f32", 32),
+    F32_TYPE: ("f32", 32),
     16: ("bf16", 16),
     12: ("f64", 64),
     19: ("f8e5m2", 8),
@@ -38,11 +41,10 @@ ELEMENT_TYPES: dict[int, tuple[str, int]] = {
     33: ("f8e8m0fnu", 8),
     15: ("c64", 64),
     18: ("c128", 128),
-    13: ("tuple", 0),
+    TUPLE_TYPE: ("tuple", 0),
     14: ("opaque", 0),
     17: ("token", 0),
 }
-TUPLE_TYPE = 13
 
 
 @dataclass(frozen=True)

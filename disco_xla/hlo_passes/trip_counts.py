@@ -9,8 +9,7 @@ A loop's trip count comes from, in order:
    `LE`, `GT`, `GE`, either side), element k of the loop's initial tuple is a
    constant, and the body's root tuple sets element k to itself plus a constant;
 3. otherwise it is unknown, and the loop counts as running once
-   (`DEFAULT_TRIP_COUNT`), which is what every count did before loops were
-   analysed: an under-estimate, said so by `inspect`.
+   (`DEFAULT_TRIP_COUNT`): an under-estimate, said so by `inspect`.
 
 A computation runs as often as its callers make it: a loop body once per trip,
 its condition once more than that, a `call` or a `conditional` branch once per

@@ -59,18 +59,20 @@ def _probe_module():
     return capture_jax(jax.jit(chains), *args)
 
 
-def measure_fusion_boundary_s(profile: ClusterProfile, rounds: int = 9) -> BoundaryCost:
-    """Measure the probe (see the module docstring) on one CPU device; the
-    roofline of `profile` gives the modelled part."""
+def measure_fusion_boundary_s(
+    profile: ClusterProfile, rounds: int = 9, platform: str = "cpu"
+) -> BoundaryCost:
+    """Measure the probe (see the module docstring) on one device of
+    `platform`; the roofline of `profile` gives the modelled part."""
     from disco_xla.plan import Plan, departing_groups
-    from disco_xla.runtime.apply import NO_COMBINER, apply_plan, time_candidates
+    from disco_xla.runtime.apply import apply_plan, no_combiner, time_candidates
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.xla_fusion import xla_fusion_plan
     from disco_xla.simulator.cost_models import RooflineCostModel
     from disco_xla.simulator.kernels import TaskGraph, kernel_for
 
     module = _probe_module()
-    own = xla_fusion_plan(module, compile_module(module, NO_COMBINER))
+    own = xla_fusion_plan(module, compile_module(module, no_combiner(platform), platform))
     split = Plan(
         own.module_name,
         own.fingerprint,
@@ -79,7 +81,7 @@ def measure_fusion_boundary_s(profile: ClusterProfile, rounds: int = 9) -> Bound
     )
     boundaries = len(departing_groups(module, split, own.fusion_groups))
     rewritten = apply_plan(module, split, "split probe", check=False, left_to_xla=own.fusion_groups)
-    xla_s, results = time_candidates(module, {"split": rewritten}, 1, rounds)
+    xla_s, results = time_candidates(module, {"split": rewritten}, 1, rounds, platform=platform)
     split_s = results["split"].seconds
 
     by_name = {i.name: i for i in module.instructions()}

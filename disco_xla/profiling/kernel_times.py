@@ -2,17 +2,25 @@
 
 On XLA:CPU the profiler's `/host:CPU` plane has one event per thunk, named after
 the HLO instruction it runs, with the stats `hlo_op` and `hlo_module` (design notes
-§2). We run the program a few times under the profiler (each run blocks until its
+§2). On a GPU the kernels are on the `/device:GPU:N` planes, one line per stream;
+XLA:GPU runs each thunk under the annotation `Thunk:#hlo_op=NAME,hlo_module=...#`,
+which the profiler keeps on its kernels (stat `kernel_annotation`), and a thunk
+may launch several kernels (a cuBLAS gemm): consecutive kernels of one
+instruction on a line count as one run of it (their durations summed). The GPU
+path is untested: no GPU has been available to this project.
+
+We run the program a few times under the profiler (each run blocks until its
 results are back) and take each instruction's median duration over all runs and
-devices. Profiling adds overhead (30-60% measured with the Python tracer on; it is
-off here), so these times are for ranking and for the table cost model, not for
-wall-clock claims.
+devices. Profiling adds overhead (30-60% measured with the Python tracer on; it
+is off here), so these times are for ranking and for the table cost model, not
+for wall-clock claims.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
@@ -21,8 +29,9 @@ from disco_xla.timing import traced_events
 
 # The trace planes that hold kernel events, per platform. On the CPU, one event
 # per thunk with the stat `hlo_op`; on a GPU, the device planes' kernel events
-# (named after the kernel when they carry no `hlo_op` stat: untested here).
+# (see the module docstring; untested here).
 KERNEL_PLANES = {"cpu": ("/host:CPU",), "gpu": ("/device:GPU:",)}
+_HLO_OP_IN_ANNOTATION = re.compile(r"hlo_op=([^,#:\s]+)")
 
 
 def profile_kernel_times(
@@ -42,11 +51,47 @@ def profile_kernel_times(
     jax.block_until_ready(run())  # compile caches warm, first-run effects out of the trace
     samples: dict[str, list[float]] = {}
     events = traced_events(lambda: jax.block_until_ready(run()), repeats, KERNEL_PLANES[platform])
-    for event_name, stats, seconds in events:
-        name = stats.get("hlo_op") or (event_name if platform != "cpu" else None)
-        if name:
-            samples.setdefault(name, []).append(seconds)
+    for name, seconds in instruction_runs(events, platform):
+        samples.setdefault(name, []).append(seconds)
     return {name: statistic(times) for name, times in samples.items()}
+
+
+def instruction_runs(
+    events: Iterable[tuple[str, dict, float]], platform: str = "cpu"
+) -> list[tuple[str, float]]:
+    """(HLO instruction, seconds) of each run of an instruction in the trace's
+    `events` (`timing.traced_events`, in plane and line order): on the CPU one
+    event is one run; on a GPU consecutive kernels of one instruction are one
+    run (see the module docstring). Events of no instruction are left out."""
+    runs: list[tuple[str, float]] = []
+    previous = None
+    for event_name, stats, seconds in events:
+        name = hlo_op(event_name, stats, platform)
+        if name is None:
+            previous = None
+            continue
+        if platform != "cpu" and name == previous:
+            runs[-1] = (name, runs[-1][1] + seconds)
+        else:
+            runs.append((name, seconds))
+        previous = name
+    return runs
+
+
+def hlo_op(event_name: str, stats: dict, platform: str = "cpu") -> str | None:
+    """The HLO instruction a trace event ran: its `hlo_op` stat; on a GPU, else
+    the `hlo_op=` of its annotation (the innermost, last one), else the kernel's
+    own name (XLA names a fusion's kernel after the fusion)."""
+    name = stats.get("hlo_op")
+    if isinstance(name, str) and name:
+        return name
+    if platform == "cpu":
+        return None
+    for key in ("kernel_annotation", *stats):
+        found = _HLO_OP_IN_ANNOTATION.findall(str(stats.get(key, "")))
+        if found:
+            return found[-1]
+    return event_name or None
 
 
 def kernel_time_table(compiled: HloModule, times_s: dict[str, float]) -> dict[str, float]:

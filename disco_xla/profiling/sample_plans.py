@@ -12,13 +12,13 @@ inline (the fusion-boundaries pass), except groups that hold a convolution or a
 dot: inside a call those take another, much slower path (23-26x, see
 `hlo_passes/fusion_boundaries.py`), so their samples come from XLA's own compile
 alone (`measure_xla_compiled`). The module is compiled with XLA's all-reduce
-combiner off, run on as many CPU devices as its partitions or replicas ask for,
-and profiled (`profile_kernel_times`, blocking after each step). A group's time is
-the sum of the median times of the kernels XLA emitted inside its call (divided
-by the number of calls, where the group sits in a computation called from several
-places); a group XLA emitted no kernel for (a reshape that became a bitcast) gets
-the time of its call thunk with `kernel_count` 0, if the trace shows one, else no
-sample.
+combiner off, run on as many devices of the platform ('cpu' or 'gpu') as its
+partitions or replicas ask for, and profiled (`profile_kernel_times`, blocking
+after each step). A group's time is the sum of the median times of the kernels
+XLA emitted inside its call (divided by the number of calls, where the group sits
+in a computation called from several places); a group XLA emitted no kernel for
+(a reshape that became a bitcast) gets the time of its call thunk with
+`kernel_count` 0, if the trace shows one, else no sample.
 
 `measure_xla_compiled` adds the kernels of XLA's own compile of the unmodified
 module: each top-level instruction of the compiled module is a kernel.
@@ -35,12 +35,18 @@ from dataclasses import replace
 import numpy as np
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.fusion_boundaries import GROUP_MARK, outline_fusion_groups
+from disco_xla.hlo_passes.fusion_boundaries import GROUP_MARK, OutlineFusionGroups
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.plan import EXPENSIVE_OPCODES, Plan, compute_instructions, verify_plan
+from disco_xla.plan import (
+    EXPENSIVE_OPCODES,
+    Plan,
+    compute_instructions,
+    departing_groups,
+    verify_plan,
+)
 from disco_xla.profiling.dataset import KernelSample
-from disco_xla.profiling.kernel_times import profile_kernel_times
-from disco_xla.runtime.apply import NO_COMBINER
+from disco_xla.profiling.kernel_times import KERNEL_PLANES, profile_kernel_times
+from disco_xla.runtime.apply import no_combiner
 from disco_xla.runtime.xla_runner import program_for, random_arguments
 from disco_xla.search.backtracking import greedy_fusion_plan
 from disco_xla.simulator.kernel_features import kernel_graph
@@ -52,35 +58,93 @@ _GROUP_COMPUTATION = re.compile(re.escape(GROUP_MARK) + r"\.(\d+)")
 
 def random_merge_plan(base: Plan, module: HloModule, merges: int, rng: random.Random) -> Plan:
     """`base` with up to `merges` random producer-consumer merges (see the module
-    docstring); every merge keeps the plan legal."""
+    docstring); every merge keeps the plan legal. Up to `4 * merges` draws: a
+    random group, then a random one of the groups that read it."""
     compute = compute_instructions(module)
-    by_name = {i.name: i for i in compute}
-    group_of: dict[int, int] = {}
-    members: dict[int, list] = {}
-    expensive: dict[int, int] = {}
-    for index, group in enumerate(base.fusion_groups):
-        instrs = [by_name[n] for n in group]
-        members[index] = instrs
-        expensive[index] = sum(i.opcode in EXPENSIVE_OPCODES for i in instrs)
-        for instr in instrs:
-            group_of[id(instr)] = index
+    groups = _MergeableGroups(base, module, compute)
+    done = 0
+    attempts = 0
+    while done < merges and attempts < merges * 4:
+        attempts += 1
+        producer = rng.choice(list(groups.members))
+        consumers = groups.consumers(producer)
+        if not consumers:
+            continue
+        consumer = rng.choice(sorted(consumers))
+        if not groups.can_merge(producer, consumer):
+            continue
+        groups.merge(producer, consumer)
+        done += 1
+    return replace(base, fusion_groups=groups.fusion_groups(compute))
 
-    control_successors: dict[int, list] = defaultdict(list)
-    for instr in module.instructions():
-        for predecessor in instr.control_predecessors:
-            control_successors[id(predecessor)].append(instr)
 
-    def successors(instr) -> list:
-        return instr.users + control_successors.get(id(instr), [])
+class _MergeableGroups:
+    """A plan's fusion groups by index, as `random_merge_plan` merges them:
+    each group's members and expensive-op count, and each instruction's group."""
 
-    def creates_cycle(producer: int, consumer: int) -> bool:
+    def __init__(self, base: Plan, module: HloModule, compute: list) -> None:
+        by_name = {i.name: i for i in compute}
+        self.group_of: dict[int, int] = {}
+        self.members: dict[int, list] = {}
+        self.expensive: dict[int, int] = {}
+        for index, group in enumerate(base.fusion_groups):
+            instrs = [by_name[n] for n in group]
+            self.members[index] = instrs
+            self.expensive[index] = sum(i.opcode in EXPENSIVE_OPCODES for i in instrs)
+            for instr in instrs:
+                self.group_of[id(instr)] = index
+        self.control_successors: dict[int, list] = defaultdict(list)
+        for instr in module.instructions():
+            for predecessor in instr.control_predecessors:
+                self.control_successors[id(predecessor)].append(instr)
+
+    def consumers(self, producer: int) -> set[int]:
+        """The other groups that read a result of `producer`."""
+        group_of = self.group_of
+        return {
+            group_of[id(u)]
+            for m in self.members[producer]
+            for u in m.users
+            if id(u) in group_of and group_of[id(u)] != producer
+        }
+
+    def can_merge(self, producer: int, consumer: int) -> bool:
+        """At most one expensive op in the merged group, and no cycle."""
+        if self.expensive[producer] + self.expensive[consumer] > 1:
+            return False
+        return not self.creates_cycle(producer, consumer)
+
+    def merge(self, producer: int, consumer: int) -> None:
+        for instr in self.members[producer]:
+            self.group_of[id(instr)] = consumer
+        self.members[consumer] = self.members[consumer] + self.members.pop(producer)
+        self.expensive[consumer] += self.expensive.pop(producer)
+
+    def fusion_groups(self, compute: list) -> tuple:
+        """The groups as a plan's `fusion_groups`: names in program order, the
+        groups sorted by their first name."""
+        position = {id(i): n for n, i in enumerate(compute)}
+        groups = sorted(
+            (
+                tuple(i.name for i in sorted(g, key=lambda i: position[id(i)]))
+                for g in self.members.values()
+            ),
+            key=lambda g: g[0],
+        )
+        return tuple(groups)
+
+    def _successors(self, instr) -> list:
+        return instr.users + self.control_successors.get(id(instr), [])
+
+    def creates_cycle(self, producer: int, consumer: int) -> bool:
         """Is there a path producer -> (other node) -> ... -> consumer in the graph
         where each group is one node? A search that visits more than
         `MAX_VISITS` nodes counts as yes (the merge is skipped)."""
+        group_of, members = self.group_of, self.members
         stack = [
             u
             for m in members[producer]
-            for u in successors(m)
+            for u in self._successors(m)
             if group_of.get(id(u)) not in (producer, consumer)
         ]
         seen: set[int] = set()
@@ -97,40 +161,12 @@ def random_merge_plan(base: Plan, module: HloModule, merges: int, rng: random.Ra
             frontier = members[group] if group is not None else [node]
             for instr in frontier:
                 seen.add(id(instr))
-                for user in successors(instr):
+                for user in self._successors(instr):
                     if group_of.get(id(user)) == consumer:
                         return True
                     if id(user) not in seen and group_of.get(id(user)) != producer:
                         stack.append(user)
         return False
-
-    done = 0
-    attempts = 0
-    while done < merges and attempts < merges * 4:
-        attempts += 1
-        producer = rng.choice(list(members))
-        consumers = {
-            group_of[id(u)]
-            for m in members[producer]
-            for u in m.users
-            if id(u) in group_of and group_of[id(u)] != producer
-        }
-        if not consumers:
-            continue
-        consumer = rng.choice(sorted(consumers))
-        if expensive[producer] + expensive[consumer] > 1 or creates_cycle(producer, consumer):
-            continue
-        for instr in members[producer]:
-            group_of[id(instr)] = consumer
-        members[consumer] = members[consumer] + members.pop(producer)
-        expensive[consumer] += expensive.pop(producer)
-        done += 1
-    position = {id(i): n for n, i in enumerate(compute)}
-    groups = sorted(
-        (tuple(i.name for i in sorted(g, key=lambda i: position[id(i)])) for g in members.values()),
-        key=lambda g: g[0],
-    )
-    return replace(base, fusion_groups=tuple(groups))
 
 
 def sample_plans(module: HloModule, count: int, seed: int = 0) -> list[tuple[str, Plan]]:
@@ -190,7 +226,7 @@ def measure_plan(
     """One sample per group of `plan` that XLA ran (see the module docstring)."""
     verify_plan(plan, module, source=f"{kind} plan")
     rewritten = HloModule.from_bytes(module.to_bytes(), f"{module.source} + {kind} plan")
-    outline_fusion_groups(rewritten, plan)
+    OutlineFusionGroups(plan.fusion_groups, departing_groups(rewritten, plan, None)).run(rewritten)
     program = _program(rewritten, platform)
     run = program.device_runner(random_arguments(program.parameters, seed))
     times = profile_kernel_times(run, repeats, platform)
@@ -269,11 +305,11 @@ def profile_module(
 
 
 def _program(module: HloModule, platform: str):
-    """The module compiled for its devices on `platform`, XLA's combiner off."""
-    if platform != "cpu":
+    """The module compiled for its devices on `platform` ('cpu' or 'gpu'), XLA's
+    all-reduce combiner off (`runtime.apply.no_combiner`); DevicesUnavailable
+    (bad input, one line) where the platform has too few devices."""
+    if platform not in KERNEL_PLANES:
         raise DiscoInputError(
-            module.source,
-            f"profiling on {platform} needs {platform} devices in runtime/xla_runner.py, "
-            "which compiles for CPU devices only so far",
+            module.source, f"cannot profile on {platform!r}: choose {', '.join(KERNEL_PLANES)}"
         )
-    return program_for(module, disabled_passes=NO_COMBINER)
+    return program_for(module, disabled_passes=no_combiner(platform), platform=platform)

@@ -82,15 +82,72 @@ def train(
     hold_out_model: str | None = None,
     max_steps: int | None = None,
     verbose: bool = False,
+    max_seconds: float | None = None,
 ) -> tuple[GnnCostModel, dict]:
     """Train on `dataset` (less `hold_out_model`'s kernels); returns the model
-    with the best validation loss and a report."""
+    with the best validation loss and a report. `max_seconds` stops after the
+    epoch that reaches that much wall time (a budgeted run keeps its best model)."""
     import jax
-    import jax.numpy as jnp
-    import jraph
-    import optax
 
     start_s = time.perf_counter()
+    data = _training_kernels(dataset, hold_out_model)
+    # The vocabulary is the fixed one less the opcodes training never saw: those
+    # go to the 'other' bucket, which learns from OTHER_FRACTION of the nodes.
+    seen = set(data.node_opcode.tolist())
+    config = config or NetworkConfig(opcodes=tuple(o for o in OPCODE_VOCABULARY if o in seen))
+    train_data, validation_data = _split(data, seed)
+    log_s = np.log(train_data.time_s)
+    mean, std = float(log_s.mean()), float(max(log_s.std(), 1e-3))
+    train_targets = ((log_s - mean) / std).astype(np.float32)
+    validation_targets = ((np.log(validation_data.time_s) - mean) / std).astype(np.float32)
+    predict_validation = _batched_predictor(config, featurize(validation_data, config.opcodes))
+
+    def validation_loss(params) -> float:
+        return float(np.mean((predict_validation(params) - validation_targets) ** 2))
+
+    model = network(config)
+    rng = np.random.default_rng(seed)
+    first_graph = batch(featurize(train_data, config.opcodes), 0, 1)
+    params = model.init(jax.random.PRNGKey(seed), first_graph)
+    initial_loss = validation_loss(params)
+    run = _EpochRun(model, params, config, train_data, train_targets, rng, max_steps)
+    best_loss, best_params, best_epoch = initial_loss, params, 0
+    epochs_run, since_best = 0, 0
+    for epoch in range(epochs):
+        run.epoch()
+        epochs_run = epoch + 1
+        loss = validation_loss(run.params)
+        if verbose:
+            print(f"epoch {epochs_run}: validation loss {loss:.4f}", flush=True)
+        if loss < best_loss:
+            best_loss, best_params, best_epoch, since_best = loss, run.params, epochs_run, 0
+        else:
+            since_best += 1
+        out_of_time = max_seconds is not None and time.perf_counter() - start_s >= max_seconds
+        if since_best >= PATIENCE or run.out_of_steps() or out_of_time:
+            break
+    gnn = GnnCostModel(best_params, config, mean, std)
+    validation_predicted = np.exp(predict_validation(best_params) * std + mean)
+    report = {
+        "train_samples": len(train_data),
+        "validation_samples": len(validation_data),
+        "held_out_model": hold_out_model,
+        "models": sorted(set(train_data.model.tolist())),
+        "epochs": epochs_run,
+        "best_epoch": best_epoch,
+        "steps": run.steps,
+        "initial_validation_loss": initial_loss,
+        "best_validation_loss": best_loss,
+        "validation_mape": _mape(validation_predicted, validation_data.time_s),
+        "seconds": time.perf_counter() - start_s,
+        "target_log_s_mean": mean,
+        "target_log_s_std": std,
+    }
+    return gnn, report
+
+
+def _training_kernels(dataset: KernelDataset, hold_out_model: str | None) -> KernelDataset:
+    """The measured kernels training sees: all but `hold_out_model`'s, at least two."""
     data = measured(dataset)
     if hold_out_model is not None:
         if hold_out_model not in set(data.model.tolist()):
@@ -98,32 +155,81 @@ def train(
         data = data.subset(np.flatnonzero(data.model != hold_out_model))
     if len(data) < 2:
         raise DiscoInputError("data set", f"{len(data)} measured kernels; too few to train")
-    # The vocabulary is the fixed one less the opcodes training never saw: those
-    # go to the 'other' bucket, which learns from OTHER_FRACTION of the nodes.
-    seen = set(data.node_opcode.tolist())
-    config = config or NetworkConfig(opcodes=tuple(o for o in OPCODE_VOCABULARY if o in seen))
+    return data
+
+
+def _split(data: KernelDataset, seed: int) -> tuple[KernelDataset, KernelDataset]:
+    """(training, validation) kernels: `VALIDATION_FRACTION` of the structural
+    hashes go to validation, or every tenth kernel where that leaves a side empty."""
     in_validation = _validation_mask(data.structural_hash, VALIDATION_FRACTION, seed)
     if in_validation.all() or not in_validation.any():
         in_validation = np.arange(len(data)) % 10 == 0
-    train_data = data.subset(np.flatnonzero(~in_validation))
-    validation_data = data.subset(np.flatnonzero(in_validation))
-    log_s = np.log(train_data.time_s)
-    mean, std = float(log_s.mean()), float(max(log_s.std(), 1e-3))
-    train_features = featurize(train_data, config.opcodes)
-    validation_features = featurize(validation_data, config.opcodes)
-    train_targets = ((log_s - mean) / std).astype(np.float32)
-    validation_targets = ((np.log(validation_data.time_s) - mean) / std).astype(np.float32)
+    return data.subset(np.flatnonzero(~in_validation)), data.subset(np.flatnonzero(in_validation))
 
-    model = network(config)
-    rng = np.random.default_rng(seed)
-    params = model.init(jax.random.PRNGKey(seed), batch(train_features, 0, 1))
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(LEARNING_RATE))
-    opt_state = optimizer.init(params)
 
-    def padded_targets(targets, padded_graph, count):
-        out = np.zeros(padded_graph.n_node.shape[0], np.float32)
-        out[:count] = targets
-        return out
+def _batched_predictor(config: NetworkConfig, features):
+    """params -> the standardised log-times of the graphs of `features`,
+    predicted in the cost model's batches (so the compiled shapes are shared
+    with it)."""
+    predict = jitted_apply(config)
+
+    def predictions(params) -> np.ndarray:
+        parts = []
+        for first in range(0, len(features), PREDICT_BATCH):
+            last = min(first + PREDICT_BATCH, len(features))
+            graph = batch(features, first, last)
+            parts.append(np.asarray(predict(params, graph))[: last - first])
+        return np.concatenate(parts)
+
+    return predictions
+
+
+class _EpochRun:
+    """The training parameters under Adam (gradients clipped to norm 1) on the
+    mean squared error, an epoch at a time, counting the steps against `max_steps`.
+
+    Shuffled batches are contiguous slices of a permuted copy, padded to
+    power-of-two sizes: a few shapes, so jit compiles a few times only."""
+
+    def __init__(self, model, params, config, train_data, train_targets, rng, max_steps) -> None:
+        import optax
+
+        self.config, self.train_data, self.train_targets = config, train_data, train_targets
+        self.rng, self.max_steps, self.steps = rng, max_steps, 0
+        optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(LEARNING_RATE))
+        self.params, self.opt_state = params, optimizer.init(params)
+        self.update = _jitted_update(model, optimizer)
+
+    def out_of_steps(self) -> bool:
+        return self.max_steps is not None and self.steps >= self.max_steps
+
+    def epoch(self) -> None:
+        """One pass over a shuffled copy of the training kernels."""
+        order = self.rng.permutation(len(self.train_data))
+        shuffled = self.train_data.subset(order)
+        features = featurize(shuffled, self.config.opcodes)
+        shown_as_other = self.rng.random(len(features.opcode)) < OTHER_FRACTION
+        features.opcode[shown_as_other] = len(self.config.opcodes)
+        targets = self.train_targets[order]
+        # Full batches only (one graph-count shape), unless there is just one.
+        for first in range(0, max(len(shuffled) - BATCH_GRAPHS + 1, 1), BATCH_GRAPHS):
+            last = min(first + BATCH_GRAPHS, len(shuffled))
+            graph = batch(features, first, last, BATCH_GRAPHS + 1)
+            padded = np.zeros(graph.n_node.shape[0], np.float32)
+            padded[: last - first] = targets[first:last]
+            self.params, self.opt_state, _ = self.update(self.params, self.opt_state, graph, padded)
+            self.steps += 1
+            if self.out_of_steps():
+                break
+
+
+def _jitted_update(model, optimizer):
+    """(params, opt_state, graph, targets) -> (params, opt_state, loss): one
+    optimizer step on the squared error of the graphs that are not padding."""
+    import jax
+    import jax.numpy as jnp
+    import jraph
+    import optax
 
     def loss_fn(params, graph, targets):
         mask = jraph.get_graph_padding_mask(graph)
@@ -136,69 +242,7 @@ def train(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    predict = jitted_apply(config)
-
-    def validation_predictions(params) -> np.ndarray:
-        """Standardised log-times of the validation kernels, in the cost model's
-        batches (so the compiled shapes are shared with it)."""
-        parts = []
-        for first in range(0, len(validation_features), PREDICT_BATCH):
-            last = min(first + PREDICT_BATCH, len(validation_features))
-            graph = batch(validation_features, first, last)
-            parts.append(np.asarray(predict(params, graph))[: last - first])
-        return np.concatenate(parts)
-
-    def validation_loss(params) -> float:
-        return float(np.mean((validation_predictions(params) - validation_targets) ** 2))
-
-    # Shuffled batches are contiguous slices of a permuted copy, padded to
-    # power-of-two sizes: a few shapes, so jit compiles a few times only.
-    initial_loss = validation_loss(params)
-    best = (initial_loss, params, 0)
-    steps, epochs_run, since_best = 0, 0, 0
-    for epoch in range(epochs):
-        order = rng.permutation(len(train_data))
-        shuffled = train_data.subset(order)
-        features = featurize(shuffled, config.opcodes)
-        features.opcode[rng.random(len(features.opcode)) < OTHER_FRACTION] = len(config.opcodes)
-        targets = train_targets[order]
-        # Full batches only (one graph-count shape), unless there is just one.
-        for first in range(0, max(len(shuffled) - BATCH_GRAPHS + 1, 1), BATCH_GRAPHS):
-            last = min(first + BATCH_GRAPHS, len(shuffled))
-            graph = batch(features, first, last, BATCH_GRAPHS + 1)
-            padded = padded_targets(targets[first:last], graph, last - first)
-            params, opt_state, _ = update(params, opt_state, graph, padded)
-            steps += 1
-            if max_steps is not None and steps >= max_steps:
-                break
-        epochs_run = epoch + 1
-        loss = validation_loss(params)
-        if verbose:
-            print(f"epoch {epochs_run}: validation loss {loss:.4f}", flush=True)
-        if loss < best[0]:
-            best, since_best = (loss, params, epochs_run), 0
-        else:
-            since_best += 1
-        if since_best >= PATIENCE or (max_steps is not None and steps >= max_steps):
-            break
-    gnn = GnnCostModel(best[1], config, mean, std)
-    validation_predicted = np.exp(validation_predictions(best[1]) * std + mean)
-    report = {
-        "train_samples": len(train_data),
-        "validation_samples": len(validation_data),
-        "held_out_model": hold_out_model,
-        "models": sorted(set(train_data.model.tolist())),
-        "epochs": epochs_run,
-        "best_epoch": best[2],
-        "steps": steps,
-        "initial_validation_loss": initial_loss,
-        "best_validation_loss": best[0],
-        "validation_mape": _mape(validation_predicted, validation_data.time_s),
-        "seconds": time.perf_counter() - start_s,
-        "target_log_s_mean": mean,
-        "target_log_s_std": std,
-    }
-    return gnn, report
+    return update
 
 
 def train_and_save(dataset: KernelDataset, directory: str, **options) -> dict:

@@ -1,9 +1,10 @@
 """Apply a plan to a module, and check a rewritten module against its original.
 
-`apply_plan` runs the passes (fusion boundaries, then concat-bucketing) on a copy
-of the module, then verifies the result: it still builds as our IR, converts to
-StableHLO and compiles (XLA's all-reduce combiner off, for this compile only), and
-the compiled module's all-reduces are exactly the plan's buckets.
+`apply_plan` runs the plan's pipeline of passes (`plan_pipeline`: fusion
+boundaries, then concat-bucketing) on a copy of the module, then verifies the
+result: it still builds as our IR, converts to StableHLO and compiles (XLA's
+all-reduce combiner off, for this compile only), and the compiled module's
+all-reduces are exactly the plan's buckets.
 
 `verify_rewrite` runs the original and the rewritten module on the same random
 inputs on N CPU devices, alternating, and compares outputs and step times.
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disco_xla.hlo_passes.bucket_all_reduces import bucket_all_reduces
-from disco_xla.hlo_passes.fusion_boundaries import outline_fusion_groups
+from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
+from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.plan import Plan, verify_plan
+from disco_xla.hlo_passes.pass_interface import HloPass, run_pipeline
+from disco_xla.plan import Plan, departing_groups, verify_plan
 from disco_xla.runtime.agreement import broadcast
 from disco_xla.runtime.xla_runner import (
     PartitionedProgram,
@@ -30,7 +32,22 @@ from disco_xla.runtime.xla_runner import (
     random_arguments,
 )
 
-NO_COMBINER = ("cpu-all-reduce-combiner",)
+# XLA:CPU's pass that merges every all-reduce into one after the last gradient
+# (design notes §2). Rewritten modules compile with it off (NO_COMBINER), or it
+# would merge their buckets again.
+ALL_REDUCE_COMBINER = "cpu-all-reduce-combiner"
+NO_COMBINER = (ALL_REDUCE_COMBINER,)
+# The same pass per platform (`no_combiner`). XLA:GPU runs GpuAllReduceCombiner,
+# whose name() is "gpu-all-reduce-combiner" (openxla/xla, 2024 on:
+# xla/service/gpu/transforms/collectives/all_reduce_combiner.h, added to the
+# pipeline in xla/service/gpu/gpu_compiler.cc); before it, XLA:GPU ran the generic
+# AllReduceCombiner, whose name() is "all-reduce-combiner"
+# (xla/service/all_reduce_combiner.h). Both are listed: XLA skips a disabled
+# name that no pass has (checked here on XLA:CPU with both names).
+NO_COMBINER_BY_PLATFORM = {
+    "cpu": NO_COMBINER,
+    "gpu": ("gpu-all-reduce-combiner", "all-reduce-combiner"),
+}
 # Where XLA changed a reduction order, an output may differ by 1e-6 of its own scale
 # plus 1e-6 of the step's typical output scale: outputs that are zero in exact
 # arithmetic (an attention key bias's gradient) hold only rounding noise.
@@ -42,6 +59,12 @@ MAX_STEPS_PER_ROUND = 50
 
 class RewriteError(RuntimeError):
     """The rewritten module failed its own verification."""
+
+
+def no_combiner(platform: str = "cpu") -> tuple[str, ...]:
+    """The passes to disable so that XLA on `platform` keeps every all-reduce
+    as written (NO_COMBINER on the CPU)."""
+    return NO_COMBINER_BY_PLATFORM.get(platform, NO_COMBINER_BY_PLATFORM["gpu"])
 
 
 def apply_plan(
@@ -64,9 +87,7 @@ def apply_plan(
     outlines every group, as the boundary-cost benchmark measures."""
     verify_plan(plan, module, source=plan_source)
     rewritten = HloModule.from_bytes(module.to_bytes(), f"{module.source} + {plan_source}")
-    if fusion:
-        outline_fusion_groups(rewritten, plan, left_to_xla)
-    bucket_all_reduces(rewritten, plan)
+    run_pipeline(rewritten, plan_pipeline(rewritten, plan, fusion, left_to_xla))
     if check:
         try:
             compiled = compile_module(rewritten, NO_COMBINER)
@@ -74,6 +95,23 @@ def apply_plan(
             raise RewriteError(f"the rewritten module does not compile: {error}") from None
         check_all_reduces(module, plan, compiled)
     return rewritten
+
+
+def plan_pipeline(
+    module: HloModule,
+    plan: Plan,
+    fusion: bool = True,
+    left_to_xla: Collection[tuple[str, ...]] | None = None,
+) -> list[HloPass]:
+    """The passes that realise `plan` (verified) on `module`, in order: the
+    fusion boundaries of the groups that need one (`plan.departing_groups`),
+    when `fusion`, then the all-reduce buckets."""
+    passes: list[HloPass] = []
+    if fusion:
+        boundaries = departing_groups(module, plan, left_to_xla)
+        passes.append(OutlineFusionGroups(plan.fusion_groups, boundaries))
+    passes.append(BucketAllReduces(plan.all_reduce_buckets))
+    return passes
 
 
 def check_all_reduces(original: HloModule, plan: Plan, compiled: HloModule) -> None:
@@ -90,9 +128,9 @@ def check_all_reduces(original: HloModule, plan: Plan, compiled: HloModule) -> N
 def _all_reduce_elements(module: HloModule) -> list[int]:
     """The element counts of a module's all-reduces (elements, not bytes: XLA:CPU
     reduces bf16 in f32)."""
-    by_name = {i.name: i for i in module.instructions()}
     return sorted(
-        sum(leaf.elements for leaf in by_name[a.name].shape.leaves()) for a in module.all_reduces
+        sum(leaf.elements for leaf in module.instruction(a.name).shape.leaves())
+        for a in module.all_reduces
     )
 
 
@@ -101,12 +139,11 @@ def _expected_all_reduce_elements(module: HloModule, plan: Plan) -> list[int]:
     original as XLA compiles it with the combiner off (XLA may already drop or
     merge duplicates there), with each bucket of several gradients in place of
     its members."""
-    by_name = {i.name: i for i in module.instructions()}
     sizes = Counter(_all_reduce_elements(compile_module(module, NO_COMBINER)))
     for bucket in plan.all_reduce_buckets:
         if len(bucket) < 2:
             continue
-        members = [by_name[name].shape.elements for name in bucket]
+        members = [module.instruction(name).shape.elements for name in bucket]
         for size in members:
             if sizes[size] > 0:
                 sizes[size] -= 1
@@ -187,10 +224,17 @@ class Comparison:
 
 
 def verify_rewrite(
-    original: HloModule, rewritten: HloModule, devices: int, rounds: int = 5, seed: int = 0
+    original: HloModule,
+    rewritten: HloModule,
+    devices: int,
+    rounds: int = 5,
+    seed: int = 0,
+    platform: str = "cpu",
 ) -> Comparison:
-    """Run both modules on the same random inputs on `devices` CPU devices."""
-    original_s, results = time_candidates(original, {"rewritten": rewritten}, devices, rounds, seed)
+    """Run both modules on the same random inputs on `devices` devices of `platform`."""
+    original_s, results = time_candidates(
+        original, {"rewritten": rewritten}, devices, rounds, seed, platform=platform
+    )
     result = results["rewritten"]
     return Comparison(
         **result.outputs.__dict__,
@@ -212,20 +256,25 @@ def time_candidates(
     devices: int,
     rounds: int = 5,
     seed: int = 0,
-    original_disabled_passes: Sequence[str] = NO_COMBINER,
+    original_disabled_passes: Sequence[str] | None = None,
     budget_s: float | None = None,
+    platform: str = "cpu",
 ) -> tuple[float, dict[str, CandidateResult]]:
     """Run the original and each candidate (a rewrite of it) on the same random
-    inputs on `devices` CPU devices; compare each candidate's outputs with the
-    original's, and time all of them in paired rounds whose order rotates (the
-    machine is noisy). Candidates compile with XLA's all-reduce combiner off (it
-    would merge their buckets again); the original with `original_disabled_passes`
-    off (`()`: XLA's own program). `budget_s` caps the timed rounds' wall time
-    (fewer rounds, at least one; compiling and the first runs are not counted).
-    Returns the original's median step time and each candidate's result."""
-    programs = {"": program_for(original, devices, original_disabled_passes)}
+    inputs on `devices` devices of `platform`; compare each candidate's outputs
+    with the original's, and time all of them in paired rounds whose order
+    rotates (the machine is noisy). Candidates compile with XLA's all-reduce
+    combiner off (it would merge their buckets again); the original with
+    `original_disabled_passes` off (`()`: XLA's own program; None: the
+    combiner, as for the candidates). `budget_s` caps the timed rounds' wall
+    time (fewer rounds, at least one; compiling and the first runs are not
+    counted). Returns the original's median step time and each candidate's result."""
+    combiner_off = no_combiner(platform)
+    if original_disabled_passes is None:
+        original_disabled_passes = combiner_off
+    programs = {"": program_for(original, devices, original_disabled_passes, platform)}
     for label, module in candidates.items():
-        programs[label] = program_for(module, devices, NO_COMBINER)
+        programs[label] = program_for(module, devices, combiner_off, platform)
     parameters = [str(s) for s in programs[""].parameters]
     for label, program in programs.items():
         if [str(s) for s in program.parameters] != parameters:

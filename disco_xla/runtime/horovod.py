@@ -24,7 +24,7 @@ the gradients leave the compute part together, so communication does not overlap
 the backward pass here.
 
 Which variable each plan bucket holds: the plan names gradient all-reduces of the
-captured module; each carries `disco_xla.gradient/<variable name>` (recorded at
+captured module; each carries `GRADIENT_MARK/<variable name>` (recorded at
 capture time by `insert_gradient_all_reduces`) and feeds output `1 + k` of the
 step, `k` being the variable's position in the model's trainable variables. The
 mapping to a model's variables is by that position, checked by shape, dtype and
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo_passes.gradients import GRADIENT_MARK
 from disco_xla.hlo_passes.graph import HloModule, Instruction
-from disco_xla.hlo_passes.insert_gradient_all_reduces import GRADIENT_MARK
 from disco_xla.plan import Plan, verify_plan
 
 _VIEWS = frozenset({"reshape", "bitcast", "copy", "transpose", "convert"})

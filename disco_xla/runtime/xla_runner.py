@@ -3,6 +3,10 @@
 A replicated module (one program per device, collectives across replicas, as the
 insert-gradient-all-reduces pass makes) is compiled with `num_replicas=N`. Each
 device gets its own arguments, and we get each device's outputs back.
+
+Every entry point takes a `platform` ('cpu' by default, or 'gpu'): the devices
+are `jax.devices(platform)` and the compiler is that platform's backend. A
+platform with too few devices is bad input (`DevicesUnavailable`, one line).
 """
 
 from __future__ import annotations
@@ -20,26 +24,34 @@ from jax._src.lib import _jax, xla_client
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.hlo_passes.hlo_io import PARTITIONER_PASS
 from disco_xla.hlo_passes.hlo_schema import OpSharding
-from disco_xla.hlo_passes.partitions_as_replicas import partitions_as_replicas
+from disco_xla.hlo_passes.partitions_as_replicas import PartitionsAsReplicas
 from disco_xla.hlo_passes.shapes import Shape
 
 _RECENT_COMPILES = 4
 _recent_compiles: dict[tuple, HloModule] = {}
 
 
-def compile_module(module: HloModule, disabled_passes: Sequence[str] = ()) -> HloModule:
-    """The module as XLA:CPU compiles it for its own device counts (partitions
-    from pmap or shard_map, or replicas), with `disabled_passes` off. The last few
-    are remembered by fingerprint: a first call compiles the unchanged step for
-    the search's baselines and again for the rewrite's all-reduce check."""
-    key = (module.fingerprint, tuple(disabled_passes))
+class DevicesUnavailable(DiscoInputError, RuntimeError):
+    """The platform has fewer devices than the module needs (bad input: one line)."""
+
+
+def compile_module(
+    module: HloModule, disabled_passes: Sequence[str] = (), platform: str = "cpu"
+) -> HloModule:
+    """The module as XLA compiles it for `platform` and its own device counts
+    (partitions from pmap or shard_map, or replicas), with `disabled_passes`
+    off. The last few are remembered by fingerprint: a first call compiles the
+    unchanged step for the search's baselines and again for the rewrite's
+    all-reduce check."""
+    key = (module.fingerprint, tuple(disabled_passes), platform)
     if key not in _recent_compiles:
         if len(_recent_compiles) >= _RECENT_COMPILES:
             del _recent_compiles[next(iter(_recent_compiles))]
-        program = program_for(module, disabled_passes=disabled_passes)
+        program = program_for(module, disabled_passes=disabled_passes, platform=platform)
         _recent_compiles[key] = program.compiled_module()
     return _recent_compiles[key]
 
@@ -47,7 +59,7 @@ def compile_module(module: HloModule, disabled_passes: Sequence[str] = ()) -> Hl
 def as_replicas(module: HloModule) -> HloModule:
     """A copy of an already-partitioned module, as N replicas."""
     copy = HloModule.from_bytes(module.to_bytes(), module.source, module.file_format)
-    partitions_as_replicas(copy)
+    PartitionsAsReplicas().run(copy)
     return copy
 
 
@@ -74,11 +86,12 @@ def after_partitioning(compile_with: Callable[[dict], object], source: str) -> H
             return HloModule.from_bytes(file.read(), source=source, file_format="memory")
 
 
-def partition_module(module: HloModule) -> HloModule:
+def partition_module(module: HloModule, platform: str = "cpu") -> HloModule:
     """One partition's program of a module that XLA's SPMD partitioner splits
-    (`module.needs_partitioning`), as XLA partitions it when it compiles it."""
+    (`module.needs_partitioning`), as XLA partitions it when it compiles it for
+    `platform`."""
 
-    devices = _cpu_devices(devices_needed(module))
+    devices = platform_devices(platform, devices_needed(module))
 
     def compile_with(dump_options: dict) -> None:
         options = _spmd_options(len(devices))
@@ -96,27 +109,57 @@ def devices_needed(module: HloModule) -> int:
     return max(counts["num_partitions"], counts["num_replicas"])
 
 
-def program_for(module: HloModule, devices: int | None = None, disabled_passes: Sequence[str] = ()):
+def program_for(
+    module: HloModule,
+    devices: int | None = None,
+    disabled_passes: Sequence[str] = (),
+    platform: str = "cpu",
+):
     """A PartitionedProgram for a pmap or shard_map module, else a
-    ReplicatedProgram, on `devices` devices (by default, as many as it needs).
-    A module already SPMD-partitioned runs as replicas, so that it is not
-    partitioned again (`hlo_passes.partitions_as_replicas`)."""
+    ReplicatedProgram, on `devices` devices of `platform` (by default, as many
+    as it needs). A module already SPMD-partitioned runs as replicas, so that it
+    is not partitioned again (`hlo_passes.partitions_as_replicas`). A pmap or
+    shard_map module over one device is partitioned too: XLA's partitioner must
+    still remove its Shardy custom-calls (compiled as one replica, its
+    per-device shapes fail XLA's layout check)."""
     devices = devices or devices_needed(module)
     if module.already_partitioned:
-        return ReplicatedProgram(as_replicas(module), devices, disabled_passes)
-    if module.device_counts()["num_partitions"] > 1:
-        return PartitionedProgram(module, devices, disabled_passes)
-    return ReplicatedProgram(module, devices, disabled_passes)
+        return ReplicatedProgram(as_replicas(module), devices, disabled_passes, platform)
+    if module.device_counts()["num_partitions"] > 1 or _has_shardy_markers(module):
+        return PartitionedProgram(module, devices, disabled_passes, platform)
+    return ReplicatedProgram(module, devices, disabled_passes, platform)
 
 
-def _cpu_devices(count: int) -> list:
-    available = jax.devices("cpu")
-    if len(available) < count:
-        raise RuntimeError(
-            f"the module needs {count} CPU devices, JAX has {len(available)}; "
-            "set jax_num_cpu_devices before JAX starts"
-        )
-    return available[:count]
+def _has_shardy_markers(module: HloModule) -> bool:
+    return any(
+        instr.opcode == "custom-call" and instr.proto.custom_call_target.startswith("xla.sdy.")
+        for instr in module.instructions()
+    )
+
+
+def available_devices(platform: str) -> list:
+    """JAX's devices of `platform` ('cpu', 'gpu', ...); none where JAX has no
+    backend for it (no GPU, or a jaxlib without its plugin)."""
+    try:
+        return list(jax.devices(platform))
+    except RuntimeError:
+        return []
+
+
+def platform_devices(platform: str, count: int) -> list:
+    """The first `count` devices of `platform`; DevicesUnavailable (one line
+    naming the platform and the device counts) where JAX has fewer."""
+    available = available_devices(platform)
+    if len(available) >= count:
+        return available[:count]
+    name = platform.upper()
+    if not available:
+        problem = f"no {name} devices are available (JAX has 0; the module needs {count})"
+    else:
+        problem = f"the module needs {count} {name} devices, JAX has {len(available)}"
+    if platform == "cpu":
+        problem += "; set jax_num_cpu_devices before JAX starts"
+    raise DevicesUnavailable(platform, problem)
 
 
 def _compile(
@@ -126,9 +169,10 @@ def _compile(
     disabled_passes: Sequence[str],
     drop_aliases: bool = False,
 ):
-    """Compile for `devices` with `options`; `disabled_passes` are off for this
-    compile only (global XLA_FLAGS are left alone). `drop_aliases` compiles it
-    without input/output aliases (TF's assigned variables, JAX's donated
+    """Compile for `devices` (all of one platform, whose backend compiles) with
+    `options`; `disabled_passes` are off for this compile only (global
+    XLA_FLAGS are left alone). `drop_aliases` compiles it without
+    input/output aliases (TF's assigned variables, JAX's donated
     arguments): an aliased argument is donated to the step, and the runners run
     a step many times on the same arguments (a second run read a deleted buffer,
     and XLA then crashed). Aliases only let XLA reuse memory; the results are the
@@ -147,16 +191,23 @@ def _compile(
         proto = type(proto).FromString(module.to_bytes())
         proto.ClearField("input_output_alias")
     stablehlo = _jax.mlir.hlo_to_stablehlo(proto.SerializeToString())
-    return xla_bridge.get_backend("cpu").compile_and_load(
+    return xla_bridge.get_backend(devices[0].platform).compile_and_load(
         stablehlo, xla_client.DeviceList(tuple(devices)), options
     )
 
 
 class ReplicatedProgram:
-    """A module compiled for `replicas` CPU devices, one replica per device."""
+    """A module compiled for `replicas` devices of `platform`, one replica per device."""
 
-    def __init__(self, module: HloModule, replicas: int, disabled_passes: Sequence[str] = ()):
-        self.devices = _cpu_devices(replicas)
+    def __init__(
+        self,
+        module: HloModule,
+        replicas: int,
+        disabled_passes: Sequence[str] = (),
+        platform: str = "cpu",
+    ):
+        self.platform = platform
+        self.devices = platform_devices(platform, replicas)
         self.parameters = [p.shape for p in _entry_parameters(module)]
         options = xla_client.CompileOptions()
         options.num_replicas = replicas
@@ -277,13 +328,20 @@ def _spmd_options(devices: int):
 
 class PartitionedProgram:
     """A module from `jax.pmap` or `jax.jit(shard_map)` (SPMD partitions, one per
-    device) compiled for N CPU devices. `disabled_passes` turns XLA passes off for
-    this compile only, e.g. 'cpu-all-reduce-combiner'; global XLA_FLAGS are left
-    alone. Arguments and results are global arrays, laid out as the entry's
-    shardings say (a pmap'd step: leading axis over the devices)."""
+    device) compiled for N devices of `platform`. `disabled_passes` turns XLA
+    passes off for this compile only, e.g. 'cpu-all-reduce-combiner'; global
+    XLA_FLAGS are left alone. Arguments and results are global arrays, laid out
+    as the entry's shardings say (a pmap'd step: leading axis over the devices)."""
 
-    def __init__(self, module: HloModule, devices: int, disabled_passes: Sequence[str] = ()):
-        self.devices = _cpu_devices(devices)
+    def __init__(
+        self,
+        module: HloModule,
+        devices: int,
+        disabled_passes: Sequence[str] = (),
+        platform: str = "cpu",
+    ):
+        self.platform = platform
+        self.devices = platform_devices(platform, devices)
         self._mesh = Mesh(np.array(self.devices), ("d",))
         self.parameters = [p.shape for p in _entry_parameters(module)]
         options = _spmd_options(devices)
@@ -292,13 +350,15 @@ class PartitionedProgram:
         )
         # The layout XLA chose for each argument (a jit of shard_map leaves it to
         # sharding propagation, so the module itself may not say).
+        # One device: XLA gives no shardings (everything is on that device).
+        shardings = self._executable.get_parameter_shardings() or [None] * len(self.parameters)
         self._specs = [
             _partition_spec(
                 OpSharding.FromString(sharding.SerializeToString()), len(shape.dims), devices
             )
-            for sharding, shape in zip(
-                self._executable.get_parameter_shardings(), self.parameters, strict=True
-            )
+            if sharding is not None
+            else P()
+            for sharding, shape in zip(shardings, self.parameters, strict=True)
         ]
 
     def compiled_module(self) -> HloModule:

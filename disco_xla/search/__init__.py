@@ -8,18 +8,24 @@ search, `baselines` builds every baseline of the design notes as a plan,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
+from disco_xla.settings import DEFAULTS
+
+if TYPE_CHECKING:
+    from disco_xla.search.backtracking import SearchResult
 
 
 def optimize(
     module: HloModule,
     cluster: str,
-    budget_s: float = 60.0,
-    max_evaluations: int = 1000,
-    alpha: float = 1.05,
-    seed: int = 0,
-    cost_model: str = "roofline",
+    budget_s: float = DEFAULTS.budget_s,
+    max_evaluations: int = DEFAULTS.max_evaluations,
+    alpha: float = DEFAULTS.alpha,
+    seed: int = DEFAULTS.seed,
+    cost_model: str = DEFAULTS.cost_model,
     table: str | None = None,
     compiled: HloModule | None = None,
 ) -> Plan:
@@ -32,14 +38,47 @@ def optimize(
     onto `module`, with each baseline's buckets), so the plan is never slower than
     any of them, and its fusion only splits XLA's groups (what the rewrite can
     realise); without it, from no fusion and a greedy XLA-like fusion."""
+    found, _ = optimize_with_candidates(
+        module, cluster, budget_s, max_evaluations, alpha, seed, cost_model, table, compiled
+    )
+    return found.plan
+
+
+def optimize_with_candidates(
+    module: HloModule,
+    cluster: str,
+    budget_s: float = DEFAULTS.budget_s,
+    max_evaluations: int = DEFAULTS.max_evaluations,
+    alpha: float = DEFAULTS.alpha,
+    seed: int = DEFAULTS.seed,
+    cost_model: str = DEFAULTS.cost_model,
+    table: str | None = None,
+    compiled: HloModule | None = None,
+    keep: int = 1,
+    measured_s: dict[str, float] | None = None,
+) -> tuple[SearchResult, dict[str, tuple[Plan, float]]]:
+    """`optimize`'s search, whole: its result, which keeps the `keep` best
+    distinct plans (`SearchResult.top_plans`), and every baseline it started
+    from as (plan, simulated seconds) by name (none without `compiled`).
+    `measured_s` holds kernel times measured on this machine (structural hash
+    -> seconds): they are trusted first, `cost_model` gives the others."""
     from disco_xla.search.backtracking import greedy_fusion_plan, search
-    from disco_xla.simulator.cost_models import boundary_charged, make_cost_model
+    from disco_xla.simulator.cost_models import (
+        TableCostModel,
+        boundary_charged,
+        make_cost_model,
+    )
+    from disco_xla.simulator.events import simulate
+    from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
     profile = load_profile(cluster)
     model = make_cost_model(cost_model, profile, table)
+    if measured_s:
+        model = TableCostModel(measured_s, fallback=model)
     starts = [Plan.unfused(module), greedy_fusion_plan(module)]
     within_groups = None
+    baselines: dict = {}
     if compiled is not None:
         from disco_xla.search.baselines import captured_baselines
 
@@ -47,7 +86,7 @@ def optimize(
         starts += [b.plan for b in baselines.values()]
         within_groups = baselines["xla-nocombine"].plan.fusion_groups
         model = boundary_charged(model, profile, within_groups)
-    return search(
+    found = search(
         module,
         profile,
         model,
@@ -57,4 +96,13 @@ def optimize(
         max_evaluations=max_evaluations,
         seed=seed,
         within_groups=within_groups,
-    ).plan
+        keep=keep,
+    )
+    simulated = {
+        name: (
+            baseline.plan,
+            simulate(build_task_graph(module, baseline.plan), profile, model).iteration_s,
+        )
+        for name, baseline in baselines.items()
+    }
+    return found, simulated

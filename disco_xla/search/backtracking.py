@@ -35,20 +35,20 @@ import gc
 import heapq
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import EXPENSIVE_OPCODES, Plan, compute_instructions, verify_plan
+from disco_xla.search.moves import Fuse, Move, Rebucket, Split
+from disco_xla.settings import DEFAULTS
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
-from disco_xla.simulator.incremental import Change, Fuse, GroupCosts, PlanState, Rebucket, Split
+from disco_xla.simulator.incremental import GroupCosts, PlanState
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import ClusterProfile
 
-# A move: one local change of a loaded plan (see simulator.incremental).
-Move = Change
 QUEUE_CAP = 50  # DisCo's public code caps its queue at 50 plans
 # The critical path is simulated anew every this many expanded plans (a full
 # simulation); in between, moves are ranked by the last one, by task name.
@@ -258,15 +258,30 @@ def _child_key(state: PlanState, groups_key: int, move: Move, group_hashes) -> t
     return key & _MASK, state.buckets_hash
 
 
+@dataclass(frozen=True)
+class SearchSettings:
+    """What steers one search, besides the module, its cost models and its start
+    plans (`search` documents each)."""
+
+    alpha: float = DEFAULTS.alpha
+    budget_s: float = DEFAULTS.budget_s
+    max_evaluations: int = DEFAULTS.max_evaluations
+    seed: int = DEFAULTS.seed
+    moves: str = "all"  # one of MOVE_KINDS
+    keep: int = 1
+    # XLA's own groups, as each grouped name's group number (`within_groups`).
+    group_of_name: Mapping[str, int] | None = None
+
+
 def search(
     module: HloModule,
     profile: ClusterProfile,
     cost_model: CostModel,
     start_plans: list[Plan],
-    alpha: float = 1.05,
-    budget_s: float = 60.0,
-    max_evaluations: int = 1000,
-    seed: int = 0,
+    alpha: float = DEFAULTS.alpha,
+    budget_s: float = DEFAULTS.budget_s,
+    max_evaluations: int = DEFAULTS.max_evaluations,
+    seed: int = DEFAULTS.seed,
     on_evaluation: Callable[[int, float], None] = lambda evaluations, best_s: None,
     moves: str = "all",
     costs: GroupCosts | None = None,
@@ -291,142 +306,164 @@ def search(
         raise DiscoInputError("search", "the budget must be positive")
     if moves not in MOVE_KINDS:
         raise ValueError(f"moves must be one of {MOVE_KINDS}")
+    group_of_name = None if within_groups is None else _group_numbers(within_groups)
+    settings = SearchSettings(alpha, budget_s, max_evaluations, seed, moves, keep, group_of_name)
+    costs = costs or GroupCosts(module, cost_model, profile.kernel_time_scale)
     # The search only allocates; with a large module in memory every garbage
     # collection is slow, so collection pauses meanwhile (as in `simulate`).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _search(
-            module,
-            profile,
-            cost_model,
-            start_plans,
-            alpha,
-            budget_s,
-            max_evaluations,
-            seed,
-            on_evaluation,
-            moves,
-            costs or GroupCosts(module, cost_model, profile.kernel_time_scale),
-            None if within_groups is None else _group_numbers(within_groups),
-            _Best(keep),
-        )
+        run = _SearchRun(module, profile, cost_model, costs, settings, on_evaluation)
+        return run.run(start_plans)
     finally:
         if collecting:
             gc.enable()
 
 
-def _search(
-    module,
-    profile,
-    cost_model,
-    start_plans,
-    alpha,
-    budget_s,
-    max_evaluations,
-    seed,
-    on_evaluation,
-    moves,
-    costs,
-    group_of_name,
-    kept,
-) -> SearchResult:
-    rng = random.Random(seed)
-    started = time.perf_counter()
-    evaluations = 0
-    best_s = float("inf")
-    scored = []
-    seen: set[tuple[int, int]] = set()
-    states: dict[tuple, PlanState] = {}
-    for plan in start_plans:
-        key = (_groups_key(plan.fusion_groups), hash(plan.all_reduce_buckets))
-        if key in seen:
-            continue
-        seen.add(key)
+class _SearchRun:
+    """One search under way: its evaluations, the best plan so far, the plans
+    seen (`_child_key`), the queue of plans to expand and the best plans kept."""
+
+    def __init__(
+        self,
+        module: HloModule,
+        profile: ClusterProfile,
+        cost_model: CostModel,
+        costs: GroupCosts,
+        settings: SearchSettings,
+        on_evaluation: Callable[[int, float], None],
+    ):
+        self.module, self.profile, self.cost_model, self.costs = module, profile, cost_model, costs
+        self.settings, self.on_evaluation = settings, on_evaluation
+        self.rng = random.Random(settings.seed)
+        self.started = time.perf_counter()
+        self.evaluations = 0
+        self.best_s = float("inf")
+        self.best_plan: Plan | None = None
+        self.seen: set[tuple[int, int]] = set()
+        self.queue: list[tuple[float, int, Plan]] = []  # (seconds, push number, plan)
+        self.pushed = 0
+        self.kept = _Best(settings.keep)
+
+    def out_of_budget(self) -> bool:
+        settings = self.settings
+        return (
+            self.evaluations >= settings.max_evaluations
+            or time.perf_counter() - self.started >= settings.budget_s
+        )
+
+    def load(self, plan: Plan) -> PlanState:
+        return PlanState(self.module, plan, self.profile, self.cost_model, costs=self.costs)
+
+    def push(self, seconds: float, plan: Plan) -> None:
+        heapq.heappush(self.queue, (seconds, self.pushed, plan))
+        self.pushed += 1
+
+    def run(self, start_plans: list[Plan]) -> SearchResult:
+        """Expand the best queued plan until the queue or the budget runs out."""
+        start_s, start_plan = self.score_starts(start_plans)
+        self.best_plan = start_plan
+        self.push(start_s, start_plan)
+        pops = 0
+        critical: set[str] = set()
+        while self.queue and not self.out_of_budget():
+            parent_s, _, plan = heapq.heappop(self.queue)
+            state = self.load(plan)
+            if pops % CRITICAL_PATH_EVERY == 0:
+                critical = critical_names(state)
+            pops += 1
+            self.expand(state, parent_s, critical)
+            if len(self.queue) > 2 * QUEUE_CAP:
+                self.queue = heapq.nsmallest(QUEUE_CAP, self.queue)
+        return SearchResult(
+            plan=self.best_plan,
+            iteration_s=self.best_s,
+            start_plan=start_plan,
+            start_s=start_s,
+            evaluations=self.evaluations,
+            search_s=time.perf_counter() - self.started,
+            top_plans=self.kept.best_first(),
+        )
+
+    def score_starts(self, start_plans: list[Plan]) -> tuple[float, Plan]:
+        """Simulate each legal, distinct start plan; (seconds, plan) of the best.
+        Start plans that share a fusion share one loaded state."""
+        scored = []
+        states: dict[tuple, PlanState] = {}
+        for plan in start_plans:
+            key = (_groups_key(plan.fusion_groups), hash(plan.all_reduce_buckets))
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            if not self._may_start(plan):
+                continue
+            loaded = states.get(plan.fusion_groups)
+            if loaded is None:
+                loaded = states[plan.fusion_groups] = self.load(plan)
+            if loaded.plan.all_reduce_buckets == plan.all_reduce_buckets:
+                seconds = loaded.iteration_ps / 1e12
+            else:
+                seconds = loaded.evaluate_buckets(plan.all_reduce_buckets)
+            self.evaluations += 1
+            self.best_s = min(self.best_s, seconds)
+            self.on_evaluation(self.evaluations, self.best_s)
+            scored.append((seconds, len(scored), plan))
+            if self.kept.wants(seconds):
+                self.kept.add(seconds, plan)
+        if not scored:
+            raise DiscoInputError("search", "no legal start plan")
+        start_s, _, start_plan = min(scored)
+        return start_s, start_plan
+
+    def _may_start(self, plan: Plan) -> bool:
+        """Whether `plan` is legal and, with XLA's groups known, refines them."""
         try:
-            verify_plan(plan, module)
+            verify_plan(plan, self.module)
         except DiscoInputError:
-            continue
-        if group_of_name is not None and not _refines(plan, group_of_name):
-            continue
-        loaded = states.get(plan.fusion_groups)
-        if loaded is None:  # start plans that share a fusion share one loaded state
-            loaded = states[plan.fusion_groups] = PlanState(
-                module, plan, profile, cost_model, costs=costs
-            )
-        if loaded.plan.all_reduce_buckets == plan.all_reduce_buckets:
-            seconds = loaded.iteration_ps / 1e12
-        else:
-            seconds = loaded.evaluate(Rebucket(plan.all_reduce_buckets))
-        evaluations += 1
-        best_s = min(best_s, seconds)
-        on_evaluation(evaluations, best_s)
-        scored.append((seconds, len(scored), plan))
-        if kept.wants(seconds):
-            kept.add(seconds, plan)
-    if not scored:
-        raise DiscoInputError("search", "no legal start plan")
-    start_s, _, start_plan = min(scored)
-    best_plan = start_plan
-    states.clear()
-    queue = [(start_s, 0, start_plan)]
-    counter = 1
+            return False
+        group_of_name = self.settings.group_of_name
+        return group_of_name is None or _refines(plan, group_of_name)
 
-    def out_of_budget() -> bool:
-        return evaluations >= max_evaluations or time.perf_counter() - started >= budget_s
-
-    pops = 0
-    critical: set[str] = set()
-    while queue and not out_of_budget():
-        parent_s, _, plan = heapq.heappop(queue)
-        state = PlanState(module, plan, profile, cost_model, costs=costs)
-        if pops % CRITICAL_PATH_EVERY == 0:
-            critical = critical_names(state)
-        pops += 1
-        group_hashes = [_group_hash(g) for g in plan.fusion_groups]
+    def expand(self, state: PlanState, parent_s: float, critical: set[str]) -> None:
+        """Evaluate the moves of a popped plan; once it has had MIN_EXPANSION
+        evaluations and one of them beat the best plan, put it back in the queue
+        (with its other moves) so the search goes on from the better child."""
+        settings = self.settings
+        group_hashes = [_group_hash(g) for g in state.plan.fusion_groups]
         groups_key = sum(_mix(h) for h in group_hashes) & _MASK
-        state.buckets_hash = hash(state.buckets)
         expanded, improved_here = 0, False
-        for move in _neighbours(state, rng, moves, critical, group_of_name):
-            if out_of_budget():
+        moves = _neighbours(state, self.rng, settings.moves, critical, settings.group_of_name)
+        for move in moves:
+            if self.out_of_budget():
                 break
             key = _child_key(state, groups_key, move, group_hashes)
-            if key in seen:
+            if key in self.seen:
                 continue
-            seconds = state.evaluate(move)
+            seconds = move.evaluate(state)
             if seconds is None:
                 continue
-            seen.add(key)
-            evaluations += 1
-            improved = seconds < best_s
-            if improved:
-                best_s, best_plan = seconds, state.child_plan(move)
-            if kept.wants(seconds):
-                kept.add(seconds, best_plan if improved else state.child_plan(move))
-            on_evaluation(evaluations, best_s)
-            if seconds < alpha * best_s:
-                child = best_plan if improved else state.child_plan(move)
-                heapq.heappush(queue, (seconds, counter, child))
-                counter += 1
+            self.seen.add(key)
+            improved = self.record(state, move, seconds)
             expanded += 1
             if improved_here := improved_here or improved:
                 if expanded >= MIN_EXPANSION:
-                    # Go on from the better plan; this one goes back in the queue
-                    # with its other moves.
-                    heapq.heappush(queue, (parent_s, counter, plan))
-                    counter += 1
+                    self.push(parent_s, state.plan)
                     break
-        if len(queue) > 2 * QUEUE_CAP:
-            queue = heapq.nsmallest(QUEUE_CAP, queue)
-    return SearchResult(
-        plan=best_plan,
-        iteration_s=best_s,
-        start_plan=start_plan,
-        start_s=start_s,
-        evaluations=evaluations,
-        search_s=time.perf_counter() - started,
-        top_plans=kept.best_first(),
-    )
+
+    def record(self, state: PlanState, move: Move, seconds: float) -> bool:
+        """Count an evaluated move: the best plan, the kept plans, and the queue
+        when within alpha of the best. Returns whether it beat the best."""
+        self.evaluations += 1
+        improved = seconds < self.best_s
+        if improved:
+            self.best_s, self.best_plan = seconds, move.child_plan(state)
+        if self.kept.wants(seconds):
+            self.kept.add(seconds, self.best_plan if improved else move.child_plan(state))
+        self.on_evaluation(self.evaluations, self.best_s)
+        if seconds < self.settings.alpha * self.best_s:
+            self.push(seconds, self.best_plan if improved else move.child_plan(state))
+        return improved
 
 
 class _Best:

@@ -24,6 +24,7 @@ from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
+from disco_xla.settings import DEFAULTS
 from disco_xla.simulator.cost_models import CostModel, boundary_charged
 from disco_xla.simulator.events import SimulationResult, simulate
 from disco_xla.simulator.incremental import GroupCosts
@@ -51,10 +52,10 @@ def compare_plans(
     compiled_separate: HloModule,
     profile: ClusterProfile,
     cost_model: CostModel,
-    alpha: float = 1.05,
-    budget_s: float = 60.0,
-    max_evaluations: int = 1000,
-    seed: int = 0,
+    alpha: float = DEFAULTS.alpha,
+    budget_s: float = DEFAULTS.budget_s,
+    max_evaluations: int = DEFAULTS.max_evaluations,
+    seed: int = DEFAULTS.seed,
     on_search: Callable[[str], Callable[[int, float], None]] | None = None,
     keep: int = 1,
 ) -> Comparison:

@@ -97,7 +97,9 @@ class RooflineCostModel:
 
 
 class TableCostModel:
-    """Measured kernel times: a JSON object {structural hash: seconds}."""
+    """Measured kernel times ({structural hash: seconds}, from a JSON file or
+    the plan cache's times measured on this machine), and `fallback`'s
+    prediction for the kernels it has not seen (counted in `misses`)."""
 
     name = "table"
 
@@ -117,7 +119,14 @@ class TableCostModel:
         return cls(times, fallback)
 
     def kernels_s(self, graph: TaskGraph) -> list[float]:
-        return [self.kernel_s(k) for k in graph.kernels]
+        """The measured times, and the fallback's (batched) for the others."""
+        known = [self.times_s.get(kernel.structural_hash) for kernel in graph.kernels]
+        missing = sum(seconds is None for seconds in known)
+        if not missing:
+            return known
+        self.misses += missing
+        predicted = self.fallback.kernels_s(graph)
+        return [p if s is None else s for s, p in zip(known, predicted, strict=True)]
 
     def kernel_s(self, kernel: Kernel) -> float:
         measured = self.times_s.get(kernel.structural_hash)

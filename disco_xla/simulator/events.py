@@ -12,7 +12,8 @@ Two execution models, chosen by the profile:
   other kind: `comm.collective_s`) run on a stream of their own. When the task
   graph says collectives block compute (XLA:GPU without its latency-hiding
   scheduler), each collective runs as soon as it is ready, and the compute stream
-  waits for it.
+  waits for it. The schedule is `streams.streams_iteration_ps`, which the
+  search's incremental evaluation runs too; here it records every event.
 - `cpu-threads`: K executor threads take ready tasks in priority order; a
   collective occupies its thread for its whole duration (XLA:CPU has no
   asynchronous collectives), and first waits for the slowest worker when the
@@ -24,7 +25,8 @@ exact. Iteration time is the finish time of the last task. Exposed communication
 time communication runs while no compute does. T_ideal = max(C, A), C the sum of
 kernel times, A one all-reduce of every gradient byte. The critical path and the
 collectives' ready times are worked out when first read (the search reads the
-path of a few plans only).
+path of a few plans only). `trace` writes the events as a Chrome trace or a
+Gantt chart.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from disco_xla.simulator.comm import CommCostFn, all_reduce_s, collective_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.kernels import TaskGraph
 from disco_xla.simulator.profiles import ClusterProfile
+from disco_xla.simulator.streams import bucket_streams, raise_no_progress, streams_iteration_ps
 
 PS_PER_S = 10**12  # the simulator counts integer picoseconds
 ALL_REDUCE = "all-reduce"  # the kind of a gradient bucket's event
@@ -386,119 +389,104 @@ def _union_ps(start: np.ndarray, end: np.ndarray) -> int:
     return int(reach[-1] - start[0]) - int(gaps[gaps > 0].sum())
 
 
-def _run_streams(graph, kernel_s, comm_task_s, copy_s, profile):
-    """The compute stream in order, buckets in plan order on their streams (times in ps)."""
-    kernels, comms = len(graph.kernels), len(graph.communications)
-    dependencies = graph.dependencies
-    finish: list[int | None] = [None] * (kernels + comms)
-    bound: list[int | None] = [None] * (kernels + comms)  # the task that set the start
-    events: list[tuple] = []  # Event fields, as plain tuples while running
-    append = events.append
-    compute_free, last_compute = 0, None
-    streams = max(1, profile.communication_streams)
-    comm_free = [0] * (streams + 1)  # the extra stream serves non-bucket collectives
-    last_on_stream: list[int | None] = [None] * (streams + 1)
-    lanes = [f"comm {stream}" for stream in range(streams)] + ["comm (other)"]
-    # Kernels run in order, so a kernel only ever waits on communication; a
-    # collective waits for its last producing kernel (and any collective before it).
-    kernel_waits_on = graph.kernel_waits_on
-    comm_waits_on = graph.comm_waits_on
-    last_producer = graph.last_producer
-    is_bucket = graph.is_bucket
-    concat_after: dict[int, list[int]] = {}
-    for c in range(comms):
-        if copy_s[c] > 0:
-            concat_after.setdefault(last_producer[c], []).append(c)
-    concat_end: dict[int, int] = {}
-    split_done: set[int] = set()
-    names = list(map(attrgetter("name"), graph.kernels))
-    comm_names = [name for name, _, _ in graph.communications]
-    comm_kinds = list(map(graph.communication_kind, range(comms)))
-    blocking = graph.collectives_block_compute
+def _run_streams(graph, kernel_ps, comm_task_ps, copy_ps, profile):
+    """The `gpu-streams` model (`streams.streams_iteration_ps`) with every event
+    recorded. Returns (events, finish times, the task that set each start)."""
+    recorder = _StreamEvents(graph, profile)
+    streams_iteration_ps(
+        *_stream_tasks(graph, kernel_ps, comm_task_ps, copy_ps, profile),
+        blocking=graph.collectives_block_compute,
+        recorder=recorder,
+    )
+    return recorder.events, recorder.finish, recorder.bound
 
-    def run_concats(after: int) -> None:
-        nonlocal compute_free
-        for c in concat_after.get(after, ()):
-            start = max([compute_free] + [finish[d] for d in dependencies[kernels + c]])
-            end = start + copy_s[c]
-            append((f"concat {comm_names[c]}", "compute", "copy", start, end))
-            compute_free = concat_end[c] = end
 
-    stream_of, bucket_index = [], 0
-    for bucket in is_bucket:
-        stream_of.append(bucket_index % streams if bucket else streams)
-        bucket_index += bucket
-    # Communication tasks start in `issue_order` and get their finish time when
-    # they start: task d has one exactly when its place in that order is below
-    # next_comm. The latest place among a task's inputs tells whether all have.
-    issue = issue_order(last_producer, comm_waits_on_index(graph), sum(is_bucket))
-    place = [0] * comms
-    for number, c in enumerate(issue):
-        place[c] = number
-    kernel_waits_upto = [max((place[d - kernels] for d in w), default=-1) for w in kernel_waits_on]
-    comm_reads_upto = [max((place[d - kernels] for d in r), default=-1) for r in comm_waits_on]
-    run_concats(-1)
-    next_kernel = next_comm = 0
-    while next_kernel < kernels or next_comm < comms:
-        before = next_kernel + next_comm
-        while next_kernel < kernels:
-            waits = kernel_waits_on[next_kernel]
-            # Kernels before this one on the in-order stream ended by compute_free:
-            # only the communication it reads can make it wait.
-            if waits:
-                if kernel_waits_upto[next_kernel] >= next_comm:
-                    break
-                for dep in waits:  # split the buckets this kernel reads
-                    c = dep - kernels
-                    if copy_s[c] > 0 and dep not in split_done:
-                        split_start = max(compute_free, finish[dep])
-                        split_end = split_start + copy_s[c]
-                        append(
-                            (f"split {comm_names[c]}", "compute", "copy", split_start, split_end)
-                        )
-                        compute_free = split_end
-                        split_done.add(dep)
-                start, who = compute_free, last_compute
-                for dep in waits:
-                    if finish[dep] > start:
-                        start, who = finish[dep], dep
-            else:
-                start, who = compute_free, last_compute
-            end = start + kernel_s[next_kernel]
-            finish[next_kernel] = end
-            bound[next_kernel] = who
-            append((names[next_kernel], "compute", "kernel", start, end))
-            compute_free, last_compute = end, next_kernel
-            if next_kernel in concat_after:
-                run_concats(next_kernel)
-            next_kernel += 1
-            if blocking:  # issue the collectives this kernel made ready first
-                break
-        while next_comm < comms and last_producer[issue[next_comm]] < next_kernel:
-            c = issue[next_comm]
-            task = kernels + c
-            if comm_reads_upto[c] >= next_comm:
-                break
-            stream = stream_of[c]
-            start, who = comm_free[stream], last_on_stream[stream]
-            if c in concat_end and concat_end[c] > start:
-                start = concat_end[c]
-            if blocking and compute_free > start:
-                start, who = compute_free, last_compute
-            for dep in dependencies[task]:
-                if finish[dep] > start:
-                    start, who = finish[dep], dep
-            end = start + comm_task_s[c]
-            finish[task] = end
-            bound[task] = who
-            append((comm_names[c], lanes[stream], comm_kinds[c], start, end))
-            comm_free[stream], last_on_stream[stream] = end, task
-            if blocking:
-                compute_free, last_compute = end, task
-            next_comm += 1
-        if next_kernel + next_comm == before:
-            raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
-    return events, finish, bound
+def _stream_tasks(graph: TaskGraph, kernel_ps, comm_ps, copy_ps, profile) -> tuple:
+    """`streams_iteration_ps`'s arguments for a whole task graph, from the
+    durations of its kernels and communication tasks (in task order)."""
+    kernels = len(graph.kernels)
+    prefix = list(accumulate(kernel_ps, initial=0))
+    waits = {
+        k: [c - kernels for c in reads] for k, reads in enumerate(graph.kernel_waits_on) if reads
+    }
+    return (
+        kernels,
+        lambda positions: [prefix[p] for p in positions],
+        waits,
+        comm_ps,
+        copy_ps,
+        bucket_streams(graph.is_bucket, profile.communication_streams),
+        graph.last_producer,
+        comm_waits_on_index(graph),
+        sum(graph.is_bucket),
+    )
+
+
+class _StreamEvents:
+    """What a recording `gpu-streams` run leaves for `simulate`: the events in the
+    order they happen, each task's finish time and the task whose end set its
+    start (`bound`). A task that waited on inputs is bound to the first of them,
+    in dependency order, that ended at its start; else to the task before it on
+    its stream (or, for a collective that blocks compute, on the compute stream)."""
+
+    def __init__(self, graph: TaskGraph, profile: ClusterProfile):
+        kernels, comms = len(graph.kernels), len(graph.communications)
+        self.kernels, self.blocking = kernels, graph.collectives_block_compute
+        self.dependencies, self.kernel_waits_on = graph.dependencies, graph.kernel_waits_on
+        self.finish: list[int | None] = [None] * (kernels + comms)
+        self.bound: list[int | None] = [None] * (kernels + comms)
+        self.events: list[tuple] = []  # Event fields, as plain tuples while running
+        self.names = list(map(attrgetter("name"), graph.kernels))
+        self.comm_names = [name for name, _, _ in graph.communications]
+        self.comm_kinds = list(map(graph.communication_kind, range(comms)))
+        streams = max(1, profile.communication_streams)
+        self.stream_of = bucket_streams(graph.is_bucket, streams)
+        # The extra stream serves the collectives that are not gradient buckets.
+        self.lanes = [f"comm {stream}" for stream in range(streams)] + ["comm (other)"]
+        self.last_on_stream: list[int | None] = [None] * (streams + 1)
+        self.last_compute: int | None = None
+
+    def concat(self, comm: int, start: int, end: int) -> None:
+        self.events.append((f"concat {self.comm_names[comm]}", "compute", "copy", start, end))
+
+    def split(self, comm: int, start: int, end: int) -> None:
+        self.events.append((f"split {self.comm_names[comm]}", "compute", "copy", start, end))
+
+    def kernel(self, position: int, ready: int, start: int, end: int) -> None:
+        who = self.last_compute
+        if start > ready:
+            who = self._first_ending_at(self.kernel_waits_on[position], start)
+        self.finish[position], self.bound[position] = end, who
+        self.events.append((self.names[position], "compute", "kernel", start, end))
+        self.last_compute = position
+
+    def comm(
+        self,
+        comm: int,
+        queued: int,
+        concat_end: int | None,
+        compute_free: int,
+        start: int,
+        end: int,
+    ) -> None:
+        task, stream = self.kernels + comm, self.stream_of[comm]
+        base, who = queued, self.last_on_stream[stream]
+        if concat_end is not None and concat_end > base:
+            base = concat_end
+        if self.blocking and compute_free > base:
+            base, who = compute_free, self.last_compute
+        if start > base:
+            who = self._first_ending_at(self.dependencies[task], start)
+        self.finish[task], self.bound[task] = end, who
+        event = (self.comm_names[comm], self.lanes[stream], self.comm_kinds[comm], start, end)
+        self.events.append(event)
+        self.last_on_stream[stream] = task
+        if self.blocking:
+            self.last_compute = task
+
+    def _first_ending_at(self, tasks: list[int], time: int) -> int:
+        finish = self.finish
+        return next(task for task in tasks if finish[task] == time)
 
 
 def comm_waits_on_index(graph: TaskGraph) -> list[list[int]]:
@@ -506,56 +494,6 @@ def comm_waits_on_index(graph: TaskGraph) -> list[list[int]]:
     from 0 (as `streams_iteration_ps` takes them)."""
     kernels = len(graph.kernels)
     return [[d - kernels for d in reads] for reads in graph.comm_waits_on]
-
-
-def issue_order(
-    last_producer: list[int], comm_waits: list[list[int]], bucket_count: int
-) -> list[int]:
-    """The order in which the `gpu-streams` model issues communication tasks
-    (tasks 0..bucket_count-1 are the plan's buckets, the rest other collectives):
-    buckets in plan order, the others by when they can start, merged. A task can
-    start after its last producing kernel and the tasks it reads: its readiness
-    is the larger of those positions, and its depth counts the tasks it reads in
-    a chain. Others go by (readiness, depth); the merge takes the other first when
-    it ranks lower than the next bucket, so no kernel waits for a collective that
-    sits behind one it has not yet produced the inputs of (an all-gather of the
-    forward pass before the gradient buckets, a psum the gradients read)."""
-    count = len(last_producer)
-    ready: list[int | None] = [None] * count
-    depth = [0] * count
-    for root in range(count):
-        stack = [root]
-        while stack:
-            c = stack[-1]
-            if ready[c] is not None:
-                stack.pop()
-                continue
-            pending = [d for d in comm_waits[c] if ready[d] is None and d not in stack]
-            if pending:
-                stack.extend(pending)
-                continue
-            known = [d for d in comm_waits[c] if ready[d] is not None]
-            ready[c] = max([last_producer[c]] + [ready[d] for d in known])
-            depth[c] = 1 + max((depth[d] for d in known), default=-1)
-            stack.pop()
-    others = sorted(range(bucket_count, count), key=lambda c: (ready[c], depth[c], c))
-    if not others or bucket_count == 0:
-        return list(range(bucket_count)) + others
-    order, next_other = [], 0
-    for bucket in range(bucket_count):
-        key = (ready[bucket], depth[bucket])
-        while (
-            next_other < len(others)
-            and (
-                ready[others[next_other]],
-                depth[others[next_other]],
-            )
-            < key
-        ):
-            order.append(others[next_other])
-            next_other += 1
-        order.append(bucket)
-    return order + others[next_other:]
 
 
 def _ranks(graph: TaskGraph) -> np.ndarray:
@@ -638,7 +576,7 @@ def _run_threads(graph, kernel_ps, comm_task_ps, copy_ps, profile):
             if not left:
                 heappush(ready, rank[user])
     if len(run_order) < total:
-        raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
+        raise_no_progress()
     return events, finish, run_order
 
 
@@ -722,7 +660,7 @@ def _one_thread_order(graph: TaskGraph, rank: list[int]) -> list[int]:
             if not left:
                 heappush(ready, rank[user])
     if len(run_order) < total:
-        raise RuntimeError("the simulation cannot make progress; the plan's order has a cycle")
+        raise_no_progress()
     return run_order
 
 
@@ -733,209 +671,6 @@ def graph_iteration_ps(
     collectives beside compute), from one run's `kernel_ps` of each kernel."""
     if graph.collectives_block_compute:
         raise ValueError("graph_iteration_ps models collectives beside compute only")
-    kernels = len(graph.kernels)
-    prefix = [0]
-    for duration in times_runs(kernel_ps, graph.kernel_runs):
-        prefix.append(prefix[-1] + duration)
     comm_ps, copy_ps = graph_communication_ps(graph, profile, comm_cost)
-    streams = max(1, profile.communication_streams)
-    stream = []
-    bucket_index = 0
-    for is_bucket in graph.is_bucket:
-        stream.append(bucket_index % streams if is_bucket else streams)
-        bucket_index += is_bucket
-    waits = {
-        k: [c - kernels for c in reads] for k, reads in enumerate(graph.kernel_waits_on) if reads
-    }
-    return streams_iteration_ps(
-        kernels,
-        lambda positions: [prefix[p] for p in positions],
-        waits,
-        comm_ps,
-        copy_ps,
-        stream,
-        graph.last_producer,
-        comm_waits_on_index(graph),
-        sum(graph.is_bucket),
-    )
-
-
-def streams_iteration_ps(
-    kernel_count: int,
-    prefix_ps,
-    waits: dict[int, list[int]],
-    comm_ps: list[int],
-    copy_ps: list[int],
-    comm_stream: list[int],
-    last_producer: list[int],
-    comm_waits: list[list[int]],
-    bucket_count: int | None = None,
-) -> int:
-    """The iteration time of the `gpu-streams` model, without the events: the same
-    arithmetic as the full simulation, visiting only the kernels where something
-    happens (those that read an all-reduce, and the last producer of each).
-
-    `prefix_ps(positions)` gives, for each position i, the summed duration of the
-    kernels at positions below i;
-    `waits[i]` the communication tasks (ascending) the kernel at position i reads;
-    per communication task: its transfer and copy times, its stream, the position
-    of its last producing kernel (-1: none) and the communication tasks it reads;
-    tasks from `bucket_count` on are other collectives (None: there are none).
-    The tasks are first renumbered in `issue_order`, the full simulation's.
-    Between two such kernels the compute stream runs back to back, so its clock
-    advances by a difference of prefix sums. Raises RuntimeError where the full
-    simulation cannot make progress."""
-    comms = len(comm_ps)
-    if bucket_count is not None and bucket_count < comms:
-        order = issue_order(last_producer, comm_waits, bucket_count)
-        if order != list(range(comms)):
-            place = [0] * comms
-            for number, c in enumerate(order):
-                place[c] = number
-            comm_ps = [comm_ps[c] for c in order]
-            copy_ps = [copy_ps[c] for c in order]
-            comm_stream = [comm_stream[c] for c in order]
-            last_producer = [last_producer[c] for c in order]
-            comm_waits = [sorted(place[d] for d in comm_waits[c]) for c in order]
-            waits = {k: sorted(place[c] for c in read) for k, read in waits.items()}
-    finish = [0] * comms
-    concat_end: dict[int, int] = {}
-    produced_at: dict[int, int] = {}  # position -> end of that kernel
-    concat_after: dict[int, list[int]] = {}
-    for c, copy in enumerate(copy_ps):
-        if copy > 0:
-            concat_after.setdefault(last_producer[c], []).append(c)
-    stream_free = [0] * (max(comm_stream, default=0) + 1)
-    done = 0  # communication tasks 0..done-1 have their finish times
-    split_done: set[int] = set()
-
-    def settle(upto: int, passed: int) -> None:
-        """Finish times of communication tasks up to `upto`; `passed` is the
-        first kernel position not yet run."""
-        nonlocal done
-        c = done
-        while c <= upto:
-            producer = last_producer[c]
-            if producer >= passed:
-                raise RuntimeError(
-                    "the simulation cannot make progress; the plan's order has a cycle"
-                )
-            stream = comm_stream[c]
-            start = stream_free[stream]
-            ready = concat_end[c] if c in concat_end else produced_at.get(producer, 0)
-            if ready > start:
-                start = ready
-            for dep in comm_waits[c]:
-                if dep >= c:
-                    raise RuntimeError(
-                        "the simulation cannot make progress; the plan's order has a cycle"
-                    )
-                if finish[dep] > start:
-                    start = finish[dep]
-            finish[c] = stream_free[stream] = start + comm_ps[c]
-            c += 1
-        done = c
-
-    free = 0
-    for c in concat_after.get(-1, ()):
-        if comm_waits[c]:
-            settle(max(comm_waits[c]), 0)
-            free = max([free] + [finish[d] for d in comm_waits[c]])
-        free += copy_ps[c]
-        concat_end[c] = free
-    points = sorted(set(waits).union([p for p in last_producer if p >= 0]))
-    count = len(points)
-    sums = prefix_ps(points + [p + 1 for p in points] + [kernel_count])
-    previous = 0  # prefix sum at the kernel after the last point; `free` is when it ended
-    get_waits, get_concats = waits.get, concat_after.get
-    for n, position in enumerate(points):
-        read = get_waits(position)
-        if read:
-            free += sums[n] - previous
-            if read[-1] >= done:
-                settle(read[-1], position)
-            for c in read:
-                if copy_ps[c] > 0 and c not in split_done:
-                    split_done.add(c)
-                    free = max(free, finish[c]) + copy_ps[c]
-            for c in read:
-                if finish[c] > free:
-                    free = finish[c]
-            previous = sums[count + n]
-            free += previous - sums[n]
-        else:
-            after = sums[count + n]
-            free += after - previous
-            previous = after
-        produced_at[position] = free
-        concats = get_concats(position)
-        if concats:
-            for c in concats:
-                if comm_waits[c]:
-                    settle(max(comm_waits[c]), position + 1)
-                    free = max([free] + [finish[d] for d in comm_waits[c]])
-                free += copy_ps[c]
-                concat_end[c] = free
-    free += sums[-1] - previous
-    if done < comms:  # collectives whose results no kernel reads still run
-        settle(comms - 1, kernel_count)
-    return max([free] + finish)
-
-
-def chrome_trace(result: SimulationResult) -> dict:
-    """The events as a Chrome / Perfetto trace (open it in ui.perfetto.dev)."""
-    lanes = sorted({e.lane for e in result.events}, key=lambda lane: (lane != "compute", lane))
-    lane_id = {lane: index for index, lane in enumerate(lanes)}
-    trace = [
-        {"name": "thread_name", "ph": "M", "pid": 0, "tid": lane_id[lane], "args": {"name": lane}}
-        for lane in lanes
-    ]
-    trace += [
-        {
-            "name": e.name,
-            "cat": e.kind,
-            "ph": "X",
-            "pid": 0,
-            "tid": lane_id[e.lane],
-            "ts": e.start_s * 1e6,
-            "dur": (e.end_s - e.start_s) * 1e6,
-        }
-        for e in result.events
-    ]
-    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": result.summary()}
-
-
-def plot_gantt(results: dict[str, SimulationResult], path: str) -> None:
-    """A PNG Gantt chart, one panel per result, compute and communication lanes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colours = {"kernel": "#4c78a8", "copy": "#f58518", "all-reduce": "#e45756"}
-    figure, axes = plt.subplots(
-        len(results), 1, figsize=(12, 1.6 + 1.2 * len(results)), squeeze=False
-    )
-    for axis, (title, result) in zip(axes[:, 0], results.items(), strict=True):
-        lanes = sorted({e.lane for e in result.events}, key=lambda lane: (lane != "compute", lane))
-        for row, lane in enumerate(lanes):
-            spans = [
-                (e.start_s * 1e3, (e.end_s - e.start_s) * 1e3, e.kind)
-                for e in result.events
-                if e.lane == lane
-            ]
-            for kind in dict.fromkeys(k for _, _, k in spans):
-                chosen = [(s, d) for s, d, k in spans if k == kind]
-                colour = colours.get(kind, "#b279a2")  # another collective
-                axis.broken_barh(chosen, (row - 0.4, 0.8), facecolors=colour, label=kind)
-        axis.set_yticks(range(len(lanes)), lanes)
-        axis.set_title(
-            f"{title}: {result.iteration_s * 1e3:.3f} ms, T/T_ideal {result.t_over_ideal:.2f}"
-        )
-        axis.set_xlabel("ms")
-        handles, labels = axis.get_legend_handles_labels()
-        unique = dict(zip(labels, handles, strict=True))
-        axis.legend(unique.values(), unique.keys(), loc="upper right", fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    kernel_ps = times_runs(kernel_ps, graph.kernel_runs)
+    return streams_iteration_ps(*_stream_tasks(graph, kernel_ps, comm_ps, copy_ps, profile))

@@ -2,9 +2,10 @@
 from a loaded plan, without rebuilding the task graph or replaying every kernel.
 
 A `PlanState` holds one plan's kernels, their order, durations and dependencies.
-`evaluate(change)` gives the iteration time of the neighbouring plan that
-`change` makes, equal to `simulate(build_task_graph(module, child_plan(change)))`
-to the picosecond:
+`evaluate_fuse`, `evaluate_split` and `evaluate_buckets` give the iteration time
+of the neighbouring plan that the fusion of two kernels, the split of one, or
+other buckets make, equal to `simulate(build_task_graph(module, child))` for
+that plan (`fused_plan`, `split_plan`, `rebucketed_plan`) to the picosecond:
 
 - the kernel order is Kahn's algorithm with the same priorities as
   `build_task_graph`; after a fusion or a split it is re-run only from the first
@@ -20,8 +21,8 @@ to the picosecond:
   kernels moves every later time by the same amount: the iteration time is the
   parent's plus the stretch's change in duration.
 
-Profiles with the `cpu-threads` model have no such shortcut: `evaluate` builds the
-child's task graph and simulates it in full.
+Profiles with the `cpu-threads` model have no such shortcut: the child's task
+graph is built and simulated in full.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from typing import NamedTuple
@@ -44,15 +46,10 @@ from disco_xla.plan import (
 )
 from disco_xla.simulator.comm import CommCostFn, all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
-from disco_xla.simulator.events import (
-    PS_PER_S,
-    communication_ps,
-    simulate,
-    streams_iteration_ps,
-    to_ps,
-)
+from disco_xla.simulator.events import PS_PER_S, communication_ps, simulate, to_ps
 from disco_xla.simulator.kernels import (
     CallKey,
+    ModuleIndex,
     TaskGraph,
     build_task_graph,
     kernel_for,
@@ -60,31 +57,8 @@ from disco_xla.simulator.kernels import (
     module_index,
 )
 from disco_xla.simulator.profiles import ClusterProfile
+from disco_xla.simulator.streams import bucket_streams, streams_iteration_ps
 
-
-@dataclass(frozen=True)
-class Fuse:
-    """Fuse kernel `second` into kernel `first` (`second` reads `first` directly)."""
-
-    first: int
-    second: int
-
-
-@dataclass(frozen=True)
-class Split:
-    """Split a kernel into the earlier and the later half of its instructions."""
-
-    kernel: int
-
-
-@dataclass(frozen=True)
-class Rebucket:
-    """Replace the plan's all-reduce buckets."""
-
-    buckets: tuple[tuple[str, ...], ...]
-
-
-Change = Fuse | Split | Rebucket
 # Fusions of kernels further apart than this in the order are not evaluated: the
 # order would change over a long stretch, and XLA never fuses such pairs either.
 MAX_FUSE_DISTANCE = 64
@@ -261,7 +235,71 @@ def bucket_kinds_of(module: HloModule) -> dict[str, tuple]:
 
 
 class PlanState:
-    """One loaded plan, ready to evaluate its neighbours."""
+    """One loaded plan, ready to evaluate its neighbours: the fusion of two
+    kernels (`evaluate_fuse`), the split of one (`evaluate_split`) and other
+    buckets (`evaluate_buckets`), each with the plan it makes (`fused_plan`,
+    `split_plan`, `rebucketed_plan`). Kernels are numbered as `kernel_instances`
+    numbers them; positions are places in the kernel order."""
+
+    module: HloModule
+    plan: Plan
+    profile: ClusterProfile
+    cost_model: CostModel
+    comm_cost: CommCostFn
+    costs: GroupCosts
+    index: ModuleIndex
+    step_ps: int  # the host's cost of a step, added to every time as `simulate` adds it
+    groups: list[tuple[str, ...]]
+    # Per kernel (`_load_kernels`, `_link_kernels`).
+    instances: list[tuple[int, CallKey]]  # (group number, call key)
+    kernel_of_atom: dict[int, int]
+    runs: list[int]  # times it runs in one step
+    duration: list[int]  # ps, for all its runs
+    single: list[bool]  # its group's computation has one instance
+    atoms: list[list[int]]
+    preds: list[set[int]]  # the kernels it waits for
+    succs: list[set[int]]  # the kernels that wait for it
+    reads: list[frozenset[int]]  # the collective atoms it reads
+    expensive: list[int]  # its dots and convolutions
+    priority: list[tuple]  # the order's priority, as `build_task_graph` gives it
+    # The kernel order (`_order_kernels`).
+    order: list[int]  # kernels by position
+    pos: list[int]  # positions by kernel
+    prefix: list[int]  # durations summed in order: prefix[i] is the sum below position i
+    prefix_array: np.ndarray
+    max_pred_position: np.ndarray  # per position, the latest position of an input
+    # The collectives, whatever the buckets (`_collective_info`).
+    name_of: dict[int, str]  # collective atom -> instruction name
+    others: list[int]  # atoms of the collectives that are not gradients
+    gradient_info: dict[str, tuple]  # `_collective_info`'s tuple, by gradient name
+    other_info: list[tuple]
+    waiting: list[int]  # the kernels that read a collective
+    gradient_dependencies: dict[str, frozenset[str]]
+    bucket_kinds: dict[str, tuple]
+    # The communication tasks of this plan's buckets (`_set_buckets`).
+    buckets: tuple[tuple[str, ...], ...]
+    buckets_hash: int  # hash(buckets): the seen-set key's bucket part, for the search
+    comm_of_atom: dict[int, int]
+    comm_ps: list[int]
+    copy_ps: list[int]
+    stream: list[int]
+    comm_waits: list[list[int]]
+    producers: list[set[int]]  # the kernels producing each task's inputs
+    producer_atoms: list[list[int]]
+    last_producer: list[int]  # positions
+    wait_comms: dict[int, list[int]]  # kernel -> the tasks it reads
+    wait_list: list[tuple[int, int, list[int]]]  # (position, kernel, tasks) by position
+    wait_positions: list[int]
+    first_point: int  # the first position where the timeline meets communication
+    comms_of_kernel: dict[int, list[int]]  # kernel -> the tasks it produces for
+    # What other buckets need (`_rebucket_info`).
+    gradient_last: dict[str, int]
+    gradient_reads: dict[str, tuple[set[str], set[int]]]
+    gradients_read_collectives: bool
+    wait_reads: list[tuple[int, list[str], list[int]]]
+    wait_one_gradient: list[tuple[int, str]]
+    wait_other_reads: list[tuple[int, list[str], list[int]]]
+    iteration_ps: int
 
     def __init__(
         self,
@@ -277,16 +315,33 @@ class PlanState:
         if costs is None or costs.kernel_time_scale != profile.kernel_time_scale:
             costs = GroupCosts(module, cost_model, profile.kernel_time_scale)
         self.costs = costs
-        # The host's cost of a step, added to every time as `simulate` adds it.
         self.step_ps = to_ps(profile.step_overhead_s)  # as `simulate` with no step buffers
         self.index = module_index(module)
         self.groups = list(plan.fusion_groups)
-        # `kernel_instances` of the plan, from the parts cached by group.
+        parts, call_rank = self._load_kernels()
+        self._link_kernels(parts)
+        self._order_kernels(parts, call_rank)
+        self._comm_cost_cache: dict[tuple, tuple[int, int]] = {}
+        self._merged_cache: dict[tuple[int, int], tuple[str, ...]] = {}
+        self._bucket_cache: dict[tuple[str, ...], tuple[int, int, int]] = {}
+        self._stream_cache: dict[int, list[int]] = {}
+        self._collective_info()
+        self.gradient_dependencies = gradient_dependencies_of(module)
+        self.bucket_kinds = bucket_kinds_of(module)
+        self._set_buckets(plan.all_reduce_buckets)
+        self._rebucket_info()
+        self.iteration_ps = self._iteration_ps()
+
+    # -- construction ---------------------------------------------------------
+    def _load_kernels(self) -> tuple[list[KernelPart], list[int]]:
+        """`kernel_instances` of the plan, from the parts cached by group: each
+        kernel's group and call key, atoms, runs and duration. Returns each
+        kernel's part and that part's place among its group's call keys."""
         instances: list[tuple[int, CallKey]] = []
         kernel_of_atom: dict[int, int] = {}
         parts: list[KernelPart] = []
         single: list[bool] = []
-        call_rank: list[int] = []  # the place of the part's call key among the group's
+        call_rank: list[int] = []
         duration: list[int | None] = []  # per kernel, from the costs cached by group
         kernel_parts, known_ps = self.costs.kernel_parts, self.costs.cache
         for group_index, group in enumerate(self.groups):
@@ -314,26 +369,33 @@ class PlanState:
         self.runs = [part.runs for part in parts]
         if any(runs != 1 for runs in self.runs):  # kernels in loop bodies: every trip
             duration = [d * runs for d, runs in zip(duration, self.runs, strict=True)]
-        self.instances = instances
-        self.kernel_of_atom = kernel_of_atom
-        count = len(instances)
-        self.atoms: list[list[int]] = [list(part.atoms) for part in parts]
-        self.preds: list[set[int]] = []
-        self.succs: list[set[int]] = [set() for _ in range(count)]
-        self.reads: list[frozenset[int]] = [part.reads for part in parts]
+        self.instances, self.kernel_of_atom = instances, kernel_of_atom
+        self.single, self.duration = single, duration
+        return parts, call_rank
+
+    def _link_kernels(self, parts: list[KernelPart]) -> None:
+        """Each kernel's atoms, the kernels it waits for and that wait for it, what
+        it reads, and its priority in the order."""
+        kernel_of_atom = self.kernel_of_atom
+        self.atoms = [list(part.atoms) for part in parts]
+        self.preds = []
+        self.succs = [set() for _ in parts]
+        self.reads = [part.reads for part in parts]
         for kernel, part in enumerate(parts):
             preds = {kernel_of_atom[s] for s in part.order_sources}
             preds.discard(kernel)
             self.preds.append(preds)
             for pred in preds:
                 self.succs[pred].add(kernel)
-        self.single = single
         self.expensive = [part.expensive for part in parts]
         self.priority = [
             (bool(part.reads), part.rank, group, 0, key)
-            for part, (group, key) in zip(parts, instances, strict=True)
+            for part, (group, key) in zip(parts, self.instances, strict=True)
         ]
-        self.duration = duration
+
+    def _order_kernels(self, parts: list[KernelPart], call_rank: list[int]) -> None:
+        """The kernel order (Kahn's algorithm by priority, as `build_task_graph`),
+        positions, prefix sums of the durations, and each position's latest input."""
         # The priorities as integers in the same order, which compare faster: a
         # group's parts come in the order of their call keys (`kernel_parts`).
         rank_bound = 1 + max((part.rank for part in parts), default=0)
@@ -341,10 +403,10 @@ class PlanState:
         call_bound = 1 + max(call_rank, default=0)
         priority_number = [
             ((bool(part.reads) * rank_bound + part.rank) * group_bound + group) * call_bound + call
-            for part, (group, _), call in zip(parts, instances, call_rank, strict=True)
+            for part, (group, _), call in zip(parts, self.instances, call_rank, strict=True)
         ]
         self.order = kernel_order(priority_number, self.preds)
-        pos = self.pos = [0] * count
+        pos = self.pos = [0] * len(parts)
         for position, kernel in enumerate(self.order):
             pos[kernel] = position
         self.prefix = list(accumulate(map(self.duration.__getitem__, self.order), initial=0))
@@ -353,17 +415,7 @@ class PlanState:
         self.max_pred_position = np.array(
             [max(map(pos.__getitem__, preds[k]), default=-1) for k in self.order]
         )
-        self._comm_cost_cache: dict[tuple, tuple[int, int]] = {}
-        self._merged_cache: dict[tuple[int, int], tuple[str, ...]] = {}
-        self._bucket_cache: dict[tuple[str, ...], tuple[int, int, int]] = {}
-        self._collective_info()
-        self.gradient_dependencies = gradient_dependencies_of(module)
-        self.bucket_kinds = bucket_kinds_of(module)
-        self._set_buckets(plan.all_reduce_buckets)
-        self._rebucket_info()
-        self.iteration_ps = self._time(None)
 
-    # -- construction ---------------------------------------------------------
     def _collective_info(self) -> None:
         """What each gradient all-reduce and each other collective brings to a
         communication task, whatever the buckets: bytes, atoms, producing atoms
@@ -428,14 +480,13 @@ class PlanState:
 
     def _rebucket_time(self, buckets) -> int:
         """Iteration ps of this plan's kernels with `buckets` (gpu-streams)."""
-        streams = max(1, self.profile.communication_streams)
         bucket_of = {name: number for number, bucket in enumerate(buckets) for name in bucket}
         bucket_cache = self._bucket_cache
         known = [bucket_cache.get(bucket) or self._bucket_costs(bucket) for bucket in buckets]
         comm_ps = [entry[0] for entry in known]
         copy_ps = [entry[1] for entry in known]
         last = [entry[2] for entry in known]
-        stream = [number % streams for number in range(len(buckets))]
+        stream = self._streams(len(buckets))
         others_from = len(buckets)
         if self.gradients_read_collectives:
             comm_waits = []
@@ -454,7 +505,6 @@ class PlanState:
             task = offset + number
             comm_ps.append(self.comm_ps[task])
             copy_ps.append(self.copy_ps[task])
-            stream.append(streams)
             last.append(self.last_producer[task])
             comm_waits.append(
                 [c if c < offset else c - offset + others_from for c in self.comm_waits[task]]
@@ -530,14 +580,12 @@ class PlanState:
             comm_of_atom[atom] = number
         infos += [[member] for member in self.other_info]
         self.comm_of_atom = comm_of_atom
-        streams = max(1, self.profile.communication_streams)
-        self.comm_ps, self.copy_ps, self.stream, self.comm_waits = [], [], [], []
-        self.producers: list[list[int]] = []  # kernels producing each task's inputs
-        self.producer_atoms: list[list[int]] = []
-        self.last_producer = []
+        self.buckets_hash = hash(self.buckets)
+        self.stream = self._streams(len(buckets))
+        self.comm_ps, self.copy_ps, self.comm_waits = [], [], []
+        self.producers, self.producer_atoms, self.last_producer = [], [], []
         pos = self.pos
         for number, members in enumerate(infos):
-            is_bucket = number < len(buckets)
             size = sum(m[0] for m in members)
             elements = members[0][5] if len(members) == 1 else ()
             kind = members[0][7]  # a bucket holds one kind
@@ -550,7 +598,6 @@ class PlanState:
             runs = members[0][6]  # a bucket's gradients share their computation
             self.comm_ps.append(costs[0] * runs)
             self.copy_ps.append(costs[1] * runs)
-            self.stream.append(number % streams if is_bucket else streams)
             if len(members) == 1:
                 _, _, producer_atoms, producers, reads, _, _, _ = members[0]
             else:
@@ -574,58 +621,83 @@ class PlanState:
         self.first_point = min(
             self.wait_positions[:1] + self.last_producer, default=len(self.order)
         )
-        self.comms_of_kernel: dict[int, list[int]] = {}
+        self.comms_of_kernel = {}
         for number, kernels in enumerate(self.producers):
             for kernel in kernels:
                 self.comms_of_kernel.setdefault(kernel, []).append(number)
 
-    def _time(self, change) -> int:
-        """Iteration ps of this plan (change None) or of a bucket change."""
+    def _streams(self, bucket_count: int) -> list[int]:
+        """`bucket_streams` of `bucket_count` buckets and the other collectives
+        (cached by count; the lists are shared, never changed)."""
+        found = self._stream_cache.get(bucket_count)
+        if found is None:
+            is_bucket = [True] * bucket_count + [False] * len(self.others)
+            found = bucket_streams(is_bucket, self.profile.communication_streams)
+            self._stream_cache[bucket_count] = found
+        return found
+
+    def _iteration_ps(self) -> int:
+        """Iteration ps of this plan."""
         if self.profile.execution != "gpu-streams":
-            plan = self.plan if change is None else self.child_plan(change)
-            graph = build_task_graph(self.module, plan)
-            result = simulate(graph, self.profile, self.cost_model, self.comm_cost)
-            return to_ps(result.iteration_s)
-        if change is not None:
-            saved = {
-                name: getattr(self, name)
-                for name in (
-                    "buckets",
-                    "comm_of_atom",
-                    "comm_ps",
-                    "copy_ps",
-                    "stream",
-                    "comm_waits",
-                    "producers",
-                    "producer_atoms",
-                    "last_producer",
-                    "wait_comms",
-                    "wait_list",
-                    "wait_positions",
-                    "first_point",
-                    "comms_of_kernel",
-                )
-            }
-            self._set_buckets(change.buckets)
-        try:
-            waits = {self.pos[k]: comms for k, comms in self.wait_comms.items()}
-            return self.step_ps + streams_iteration_ps(
-                len(self.order),
-                lambda positions: list(map(self.prefix.__getitem__, positions)),
-                waits,
-                self.comm_ps,
-                self.copy_ps,
-                self.stream,
-                self.last_producer,
-                self.comm_waits,
-                len(self.buckets),
-            )
-        finally:
-            if change is not None:
-                for name, value in saved.items():
-                    setattr(self, name, value)
+            return self._simulated_ps(self.plan)
+        waits = {self.pos[k]: comms for k, comms in self.wait_comms.items()}
+        return self.step_ps + streams_iteration_ps(
+            len(self.order),
+            lambda positions: list(map(self.prefix.__getitem__, positions)),
+            waits,
+            self.comm_ps,
+            self.copy_ps,
+            self.stream,
+            self.last_producer,
+            self.comm_waits,
+            len(self.buckets),
+        )
+
+    def _simulated_ps(self, plan: Plan) -> int:
+        """Iteration ps of `plan` by a full simulation (the `cpu-threads` model,
+        which has no incremental form)."""
+        graph = build_task_graph(self.module, plan)
+        result = simulate(graph, self.profile, self.cost_model, self.comm_cost)
+        return to_ps(result.iteration_s)
 
     # -- neighbours -----------------------------------------------------------
+    def evaluate_buckets(self, buckets: tuple[tuple[str, ...], ...]) -> float | None:
+        """Simulated iteration seconds of this plan with `buckets` instead of its
+        own (None: not a legal bucketing)."""
+        if not buckets_follow_dependencies(buckets, self.gradient_dependencies):
+            return None
+        # A bucket is one all-reduce: one dtype, device groups and computation.
+        kinds = self.bucket_kinds
+        if any(len({kinds[name] for name in bucket}) > 1 for bucket in buckets):
+            return None
+        if self.profile.execution == "gpu-streams":
+            return self._rebucket_time(buckets) / PS_PER_S
+        return self._simulated_ps(self.rebucketed_plan(buckets)) / PS_PER_S
+
+    def evaluate_fuse(self, first: int, second: int) -> float | None:
+        """Simulated iteration seconds of the plan that fuses kernels `first` and
+        `second` (None: not legal, or not evaluated: see `legal_fuse` and
+        MAX_REORDER_KERNELS)."""
+        if self.profile.execution != "gpu-streams":
+            if not self.legal_fuse(first, second):
+                return None
+            return self._simulated_ps(self.fused_plan(first, second)) / PS_PER_S
+        change = self._fusion(first, second)
+        child = None if change is None else self._child(change)
+        return None if child is None else self._child_time(child) / PS_PER_S
+
+    def evaluate_split(self, kernel: int) -> float | None:
+        """Simulated iteration seconds of the plan that splits `kernel` into the
+        earlier and the later half of its instructions (None: not `splittable`, or
+        not evaluated: MAX_REORDER_KERNELS)."""
+        if self.profile.execution != "gpu-streams":
+            if not self.splittable(kernel):
+                return None
+            return self._simulated_ps(self.split_plan(kernel)) / PS_PER_S
+        change = self._split(kernel)
+        child = None if change is None else self._child(change)
+        return None if child is None else self._child_time(child) / PS_PER_S
+
     def legal_fuse(self, first: int, second: int) -> bool:
         """Whether fusing `second` into `first` gives a plan `verify_plan` accepts:
         one instance each, the same computation, at most one dot or convolution,
@@ -665,27 +737,6 @@ class PlanState:
                     stack.append(user)
         return True
 
-    def evaluate(self, change: Change) -> float | None:
-        """Simulated iteration seconds of the plan `change` makes (None: illegal)."""
-        if isinstance(change, Rebucket):
-            if not buckets_follow_dependencies(change.buckets, self.gradient_dependencies):
-                return None
-            # A bucket is one all-reduce: one dtype, device groups and computation.
-            kinds = self.bucket_kinds
-            if any(len({kinds[name] for name in bucket}) > 1 for bucket in change.buckets):
-                return None
-            if self.profile.execution == "gpu-streams":
-                return self._rebucket_time(change.buckets) / PS_PER_S
-            return self._time(change) / PS_PER_S
-        if self.profile.execution != "gpu-streams":
-            if isinstance(change, Fuse) and not self.legal_fuse(change.first, change.second):
-                return None
-            if isinstance(change, Split) and not self.splittable(change.kernel):
-                return None
-            return self._time(change) / PS_PER_S
-        child = self._reordered(change)
-        return None if child is None else self._child_time(child) / PS_PER_S
-
     def splittable(self, kernel: int) -> bool:
         """Whether `Split(kernel)` is a move: a group of several instructions in a
         computation run once."""
@@ -706,80 +757,118 @@ class PlanState:
             )
         return found
 
-    def _reordered(self, change):
+    def _fusion(self, first: int, second: int) -> _KernelChange | None:
+        """Fusing two kernels, as a change of kernels (None: not legal)."""
+        if self.pos[first] > self.pos[second]:
+            first, second = second, first
+        if not self.legal_fuse(first, second):
+            return None
+        group_rank = min(self.instances[first][0], self.instances[second][0])
+        return _KernelChange(
+            (first, second),
+            [self._merged(first, second)],
+            [self.atoms[first] + self.atoms[second]],
+            [(group_rank, 0)],
+            [2],
+            (),
+        )
+
+    def _split(self, kernel: int) -> _KernelChange | None:
+        """Splitting a kernel, as a change of kernels (None: not `splittable`)."""
+        if not self.splittable(kernel):
+            return None
+        groups = list(self.halves(kernel))
+        # A group run once has one part, in its computation's only instance.
+        kernel_parts = self.costs.kernel_parts
+        halves = (kernel_parts(groups[0])[0], kernel_parts(groups[1])[0])
+        group_rank = self.priority[kernel][2]
+        return _KernelChange(
+            (kernel,),
+            groups,
+            [list(half.atoms) for half in halves],
+            [(group_rank, 0), (group_rank, 1)],
+            [0, 1],
+            halves,
+        )
+
+    def _child(self, change: _KernelChange) -> _Child | None:
         """The child's new kernels and its order from the first changed position
-        until it meets the parent's order again."""
+        until it meets the parent's order again (None: not evaluated)."""
+        new = self._new_kernels(change)
+        first = self._first_changed(change, new)
+        if first is None:
+            return None
+        start, skipped = first
+        found = self._kahn_window(change, new, start, skipped)
+        if found is None:
+            return None
+        window, parent_at = found
+        # The new kernels' durations, once the change is known to be evaluated.
+        runs = self.runs[change.removed[0]]  # a fused or split kernel is in one instance
+        durations = self.costs.durations(change.groups)
+        duration = {kernel: ps * runs for kernel, ps in zip(new.ids, durations, strict=True)}
+        return _Child(
+            change.removed, new.ids, new.reads, duration, start, window, parent_at, new.kernel_of
+        )
+
+    def _new_kernels(self, change: _KernelChange) -> _NewKernels:
+        """The kernels `change` adds, with their edges and priorities."""
         count = len(self.order)
-        if isinstance(change, Fuse):
-            first, second = change.first, change.second
-            if self.pos[first] > self.pos[second]:
-                first, second = second, first
-            if not self.legal_fuse(first, second):
-                return None
-            removed = (first, second)
-            groups = [self._merged(first, second)]
-            new_atoms = [self.atoms[first] + self.atoms[second]]
-            ranks = [(min(self.instances[first][0], self.instances[second][0]), 0)]
-            units = [2]
-        else:
-            if not self.splittable(change.kernel):
-                return None
-            removed = (change.kernel,)
-            groups = list(self.halves(change.kernel))
-            # A group run once has one part, in its computation's only instance.
-            halves = [self.costs.kernel_parts(half)[0] for half in groups]
-            new_atoms = [list(half.atoms) for half in halves]
-            group_rank = self.priority[change.kernel][2]
-            ranks = [(group_rank, 0), (group_rank, 1)]
-            units = [0, 1]
-        new_ids = list(range(count, count + len(groups)))
-        kernel_of_atom = {}
-        for kernel, atoms in zip(new_ids, new_atoms, strict=True):
+        new = _NewKernels(self, change.removed, list(range(count, count + len(change.groups))))
+        for kernel, atoms in zip(new.ids, change.atoms, strict=True):
             for atom in atoms:
-                kernel_of_atom[atom] = kernel
-        parent_kernel_of = self.kernel_of_atom
+                new.kernel_of_atom[atom] = kernel
+        if len(change.removed) == 2:
+            kernel_ranks = self._fused_edges(change, new)
+        else:
+            kernel_ranks = self._split_edges(change, new)
+        for kernel, rank, kernel_rank in zip(new.ids, change.ranks, kernel_ranks, strict=True):
+            new.priority[kernel] = (bool(new.reads[kernel]), kernel_rank, *rank, ())
+        return new
 
-        def kernel_of(atom: int) -> int:
-            found = kernel_of_atom.get(atom)
-            return parent_kernel_of[atom] if found is None else found
+    def _fused_edges(self, change: _KernelChange, new: _NewKernels) -> list[int]:
+        """A fusion's kernel has both kernels' edges. Returns its kernel rank."""
+        first, second = change.removed
+        (merged,) = new.ids
+        new.preds[merged] = (self.preds[first] | self.preds[second]) - new.removed
+        users = (self.succs[first] | self.succs[second]) - new.removed
+        new.succs[merged] = users
+        for user in users:
+            new.readers_of_new[user] = {merged}
+        new.reads[merged] = self.reads[first] | self.reads[second]
+        return [self.index.kernel_rank(change.atoms[0])]
 
-        removed_set = set(removed)
-        new_preds, new_reads, new_priority = {}, {}, {}
-        new_succs: dict[int, set[int]] = {k: set() for k in new_ids}
-        readers_of_new: dict[int, set[int]] = {}
-        if len(removed) == 2:  # a fusion: the new kernel has both kernels' edges
-            (merged,) = new_ids
-            new_preds[merged] = (self.preds[removed[0]] | self.preds[removed[1]]) - removed_set
-            users = (self.succs[removed[0]] | self.succs[removed[1]]) - removed_set
-            new_succs[merged] = users
-            for user in users:
-                readers_of_new[user] = {merged}
-            new_reads[merged] = self.reads[removed[0]] | self.reads[removed[1]]
-            kernel_ranks = [self.index.kernel_rank(new_atoms[0])]
-        else:  # a split: edges from the atoms of each half
-            for kernel, half in zip(new_ids, halves, strict=True):
-                preds = {kernel_of(s) for s in half.order_sources}
-                preds.discard(kernel)
-                new_preds[kernel] = preds
-                for user_atom in half.order_targets:
-                    user = kernel_of(user_atom)
-                    if user != kernel:
-                        new_succs[kernel].add(user)
-                        if user < count:
-                            readers_of_new.setdefault(user, set()).add(kernel)
-                new_reads[kernel] = half.reads
-            kernel_ranks = [half.rank for half in halves]
-        for kernel, rank, kernel_rank in zip(new_ids, ranks, kernel_ranks, strict=True):
-            new_priority[kernel] = (bool(new_reads[kernel]), kernel_rank, *rank, ())
-        order, pos = self.order, self.pos
+    def _split_edges(self, change: _KernelChange, new: _NewKernels) -> list[int]:
+        """A split's halves have the edges of their atoms. Returns their kernel ranks."""
+        count, kernel_of, readers_of_new = len(self.order), new.kernel_of, new.readers_of_new
+        for kernel, half in zip(new.ids, change.halves, strict=True):
+            preds = {kernel_of(s) for s in half.order_sources}
+            preds.discard(kernel)
+            new.preds[kernel] = preds
+            succs = new.succs[kernel]
+            for user_atom in half.order_targets:
+                user = kernel_of(user_atom)
+                if user != kernel:
+                    succs.add(user)
+                    if user < count:
+                        readers_of_new.setdefault(user, set()).add(kernel)
+            new.reads[kernel] = half.reads
+        return [half.rank for half in change.halves]
+
+    def _first_changed(self, change: _KernelChange, new: _NewKernels) -> tuple[int, int] | None:
+        """(the first position where the child's order can differ from the
+        parent's, how many positions before it were skipped as equal), or None
+        when the order would change over too long a stretch (not evaluated)."""
+        count, order, pos = len(self.order), self.order, self.pos
         # Nothing changes before the first removed kernel or the first step at
         # which a new kernel could be ready (it may rank above what ran there).
-        start = min(pos[k] for k in removed)
-        for kernel in new_ids:
-            earliest = 1 + max((pos[p] for p in new_preds[kernel] if p < count), default=-1)
+        first_removed = min(pos[k] for k in change.removed)
+        start = first_removed
+        for kernel in new.ids:
+            earliest = 1 + max((pos[p] for p in new.preds[kernel] if p < count), default=-1)
             start = min(start, earliest)
-        if max(pos[k] for k in removed) - start > MAX_REORDER_KERNELS:
-            return None  # the order would change over too long a stretch: not evaluated
+        if max(pos[k] for k in change.removed) - start > MAX_REORDER_KERNELS:
+            return None
         # Skip the steps where the child runs what the parent ran: until a removed
         # kernel, the parent's pick is ready in the child too and is the lowest
         # there, unless a new kernel is ready and ranks lower. The skipped steps
@@ -787,144 +876,105 @@ class PlanState:
         skipped_from = start
         ready_from = {
             kernel: 1 + max((pos[p] for p in preds), default=-1)
-            for kernel, preds in new_preds.items()
+            for kernel, preds in new.preds.items()
             if all(p < count for p in preds)
         }
-        first_removed = min(pos[k] for k in removed)
-        priority = self.priority
+        priority, new_priority = self.priority, new.priority
         while start < first_removed:
             here = priority[order[start]]
             if any(at <= start and new_priority[k] < here for k, at in ready_from.items()):
                 break
             start += 1
-        skipped = start - skipped_from
+        return start, start - skipped_from
 
-        def preds_of(kernel):
-            if kernel >= count:
-                return new_preds[kernel]
-            extra = readers_of_new.get(kernel)
-            if extra is None:
-                return [p for p in self.preds[kernel] if p not in removed_set]
-            return (self.preds[kernel] - removed_set) | extra
-
-        new_readers_of = {}
-        for kernel in new_ids:
-            for pred in new_preds[kernel]:
-                new_readers_of.setdefault(pred, []).append(kernel)
-
-        def priority_of(kernel):
-            return new_priority[kernel] if kernel in new_priority else self.priority[kernel]
-
-        # The parent's kernels ready at `start` (all their inputs ran before it)
-        # stay ready until they run, so the parent ran them in priority order: in
-        # position order they are sorted, and they merge with the heap of the
-        # kernels that become ready later without being pushed onto it.
-        max_pred_position = self.max_pred_position
-
-        def ready_at_start():
-            for low in range(start, count, 256):
-                chunk = max_pred_position[low : low + 256]
-                for position in (np.flatnonzero(chunk < start) + low).tolist():
-                    kernel = order[position]
-                    if kernel not in removed_set:
-                        yield kernel
-
-        sorted_ready = ready_at_start()
+    def _kahn_window(
+        self, change: _KernelChange, new: _NewKernels, start: int, skipped: int
+    ) -> tuple[list[int], int] | None:
+        """Kahn's algorithm over the child's kernels from position `start`, until
+        the child has run the same kernels as the parent (from there both orders
+        are the same, `_Meeting`) and every new kernel. Returns (the child's
+        kernels from `start`, the parent's position where the orders meet), or
+        None: the window grew past MAX_REORDER_KERNELS, or the child has a cycle."""
+        priority, count = self.priority, len(self.order)
+        sorted_ready = self._ready_at_start(start, new.removed)
         next_ready = next(sorted_ready, None)
-        next_priority = None if next_ready is None else self.priority[next_ready]
-        heap = [
-            (priority_of(kernel), kernel)
-            for kernel in new_ids
-            if all(p not in new_preds and pos[p] < start for p in new_preds[kernel])
-        ]
-        heapq.heapify(heap)
+        next_priority = None if next_ready is None else priority[next_ready]
+        heap = new.ready_heap(start)
+        new.index_readers()
+        meeting = _Meeting(self.order, change, new.ids, start)
         emitted: set[int] = set()
         remaining: dict[int, int] = {}
-        unit_of = dict(zip(new_ids, units, strict=True))
-        extra_child: set[int] = set()
-        extra_parent: set[int] = set()
-        child_units = parent_units = 0
-        parent_at = start
         window: list[int] = []
-        heappop, heappush = heapq.heappop, heapq.heappush
+        heappop, ran, release = heapq.heappop, meeting.ran, self._release_users
         while heap or next_ready is not None:
             if next_ready is not None and (not heap or next_priority < heap[0][0]):
                 kernel = next_ready
                 next_ready = next(sorted_ready, None)
-                next_priority = None if next_ready is None else self.priority[next_ready]
+                next_priority = None if next_ready is None else priority[next_ready]
             else:
                 kernel = heappop(heap)[1]
             window.append(kernel)
             if len(window) + skipped > MAX_REORDER_KERNELS:
                 return None  # the order changes over too long a stretch: not evaluated
             emitted.add(kernel)
-            units = unit_of.get(kernel)
-            if units is None:
-                equivalents = (kernel,)
-                child_units += 1
-            else:
-                equivalents = removed if units else ()
-                child_units += units
-            for item in equivalents:
-                if item in extra_parent:
-                    extra_parent.remove(item)
-                else:
-                    extra_child.add(item)
-            while parent_units < child_units:
-                item = order[parent_at]
-                parent_at += 1
-                parent_units += 1
-                if item in extra_child:
-                    extra_child.remove(item)
-                else:
-                    extra_parent.add(item)
-            if not extra_child and not extra_parent and all(k in emitted for k in new_ids):
+            if ran(kernel) and all(k in emitted for k in new.ids):
                 break
-            if kernel < count:
-                users = self.succs[kernel]
-                extra_users = new_readers_of.get(kernel)
-                if extra_users:
-                    users = list(users) + extra_users
-            else:
-                users = new_succs[kernel]
-            for user in users:
-                if user in emitted or user in removed_set:
-                    continue
-                left = remaining.get(user)
-                if left is not None:
-                    left -= 1
-                else:
-                    left = 0
-                    for p in preds_of(user):
-                        if p not in emitted and (p >= count or pos[p] >= start):
-                            left += 1
-                remaining[user] = left
-                if left == 0:
-                    heappush(heap, (priority_of(user), user))
+            release(kernel, new, start, emitted, remaining, heap)
         else:
-            if len(window) != count - len(removed) + len(new_ids) - start:
+            if len(window) != count - len(change.removed) + len(new.ids) - start:
                 return None  # a cycle: not a legal plan
-        # The new kernels' durations, once the change is known to be evaluated.
-        runs = self.runs[removed[0]]  # a fused or split kernel is in one instance
-        duration = {
-            kernel: ps * runs
-            for kernel, ps in zip(new_ids, self.costs.durations(groups), strict=True)
-        }
-        return _Child(
-            change,
-            removed,
-            new_ids,
-            groups,
-            new_atoms,
-            new_reads,
-            duration,
-            start,
-            window,
-            parent_at,
-            kernel_of,
-        )
+        return window, meeting.parent_at
+
+    def _ready_at_start(self, start: int, removed: set[int]) -> Iterator[int]:
+        """The parent's kernels ready at `start` (all their inputs ran before it),
+        in priority order. They stay ready until they run, so the parent ran them
+        in priority order: in position order they are sorted, and they merge with
+        the heap of the kernels that become ready later without being pushed."""
+        order, max_pred_position = self.order, self.max_pred_position
+        for low in range(start, len(order), 256):
+            chunk = max_pred_position[low : low + 256]
+            for position in (np.flatnonzero(chunk < start) + low).tolist():
+                kernel = order[position]
+                if kernel not in removed:
+                    yield kernel
+
+    def _release_users(
+        self,
+        kernel: int,
+        new: _NewKernels,
+        start: int,
+        emitted: set[int],
+        remaining: dict[int, int],
+        heap: list,
+    ) -> None:
+        """Push onto `heap` the users of `kernel` that it leaves with every input run."""
+        count, pos, removed = len(self.order), self.pos, new.removed
+        if kernel < count:
+            users = self.succs[kernel]
+            extra_users = new.readers_of.get(kernel)
+            if extra_users:
+                users = list(users) + extra_users
+        else:
+            users = new.succs[kernel]
+        preds_of, priority_of = new.preds_of, new.priority_of
+        for user in users:
+            if user in emitted or user in removed:
+                continue
+            left = remaining.get(user)
+            if left is not None:
+                left -= 1
+            else:
+                left = 0
+                for p in preds_of(user):
+                    if p not in emitted and (p >= count or pos[p] >= start):
+                        left += 1
+            remaining[user] = left
+            if left == 0:
+                heapq.heappush(heap, (priority_of(user), user))
 
     def _child_time(self, child: _Child) -> int:
+        """Iteration ps of the child: the parent's timeline with the window's
+        kernels in place of the parent's (`streams_iteration_ps`)."""
         start, window, parent_at = child.start, child.window, child.parent_at
         if parent_at <= self.first_point and not any(child.reads.values()):
             # The change and its reordering end before the timeline first meets
@@ -933,7 +983,26 @@ class PlanState:
             # timeline after it moves by the window's change in duration.
             removed_ps = sum(self.duration[kernel] for kernel in child.removed)
             return self.iteration_ps + sum(child.duration.values()) - removed_ps
-        prefix = self.prefix
+        window_position = {k: start + n for n, k in enumerate(window)}
+        shift = start + len(window) - parent_at
+        kernel_count = len(self.order) - len(child.removed) + len(child.new_ids)
+        return self.step_ps + streams_iteration_ps(
+            kernel_count,
+            self._child_prefix(child),
+            self._child_waits(child, window_position, shift),
+            self.comm_ps,
+            self.copy_ps,
+            self.stream,
+            self._child_last_producers(child, window_position, shift),
+            self.comm_waits,
+            len(self.buckets),
+        )
+
+    def _child_prefix(self, child: _Child) -> Callable[[list[int]], list[int]]:
+        """`streams_iteration_ps`'s prefix sums of the child's order: the parent's
+        before the window, the window's own, then the parent's moved by the
+        window's change in length and duration."""
+        start, window, prefix = child.start, child.window, self.prefix
         window_prefix = [prefix[start]]
         for kernel in window:
             duration = child.duration.get(kernel)
@@ -941,9 +1010,8 @@ class PlanState:
                 window_prefix[-1] + (self.duration[kernel] if duration is None else duration)
             )
         end = start + len(window)
-        shift = end - parent_at
-        tail = window_prefix[-1] - prefix[parent_at]
-
+        shift = end - child.parent_at
+        tail = window_prefix[-1] - prefix[child.parent_at]
         prefix_array = self.prefix_array
 
         def prefix_ps(positions: list[int]) -> list[int]:
@@ -956,8 +1024,31 @@ class PlanState:
             values[later] = prefix_array[at[later] - shift] + tail
             return values.tolist()
 
-        window_position = {k: start + n for n, k in enumerate(window)}
-        pos = self.pos
+        return prefix_ps
+
+    def _child_waits(
+        self, child: _Child, window_position: dict[int, int], shift: int
+    ) -> dict[int, list[int]]:
+        """The communication tasks each kernel of the child reads, by position."""
+        low = bisect.bisect_left(self.wait_positions, child.start)
+        high = bisect.bisect_left(self.wait_positions, child.parent_at)
+        waits = {position: comms for position, _, comms in self.wait_list[:low]}
+        for _, kernel, comms in self.wait_list[low:high]:
+            if kernel not in child.removed:
+                waits[window_position[kernel]] = comms
+        for position, _, comms in self.wait_list[high:]:
+            waits[position + shift] = comms
+        comm_of = self.comm_of_atom
+        for kernel, reads in child.reads.items():
+            if reads:
+                waits[window_position[kernel]] = sorted({comm_of[a] for a in reads})
+        return waits
+
+    def _child_last_producers(
+        self, child: _Child, window_position: dict[int, int], shift: int
+    ) -> list[int]:
+        """The position of each communication task's last producer in the child."""
+        start, parent_at, pos, kernel_of = child.start, child.parent_at, self.pos, child.kernel_of
 
         def position_of(kernel: int) -> int:
             found = window_position.get(kernel)
@@ -966,75 +1057,186 @@ class PlanState:
             position = pos[kernel]
             return position if position < start else position + shift
 
-        comm_of = self.comm_of_atom
-        removed = child.removed
-        low = bisect.bisect_left(self.wait_positions, start)
-        high = bisect.bisect_left(self.wait_positions, parent_at)
-        waits = {position: comms for position, _, comms in self.wait_list[:low]}
-        for _, kernel, comms in self.wait_list[low:high]:
-            if kernel not in removed:
-                waits[window_position[kernel]] = comms
-        for position, _, comms in self.wait_list[high:]:
-            waits[position + shift] = comms
-        for kernel, reads in child.reads.items():
-            if reads:
-                waits[window_position[kernel]] = sorted({comm_of[a] for a in reads})
         last = list(self.last_producer)
-        kernel_of = child.kernel_of
         touched = set()
-        for kernel in removed:
+        for kernel in child.removed:
             touched.update(self.comms_of_kernel.get(kernel, ()))
         for number, parent_last in enumerate(last):
             if number in touched or start <= parent_last < parent_at:
                 last[number] = max(position_of(kernel_of(a)) for a in self.producer_atoms[number])
             elif parent_last >= parent_at:
                 last[number] = parent_last + shift
-        kernel_count = len(self.order) - len(removed) + len(child.new_ids)
-        return self.step_ps + streams_iteration_ps(
-            kernel_count,
-            prefix_ps,
-            waits,
-            self.comm_ps,
-            self.copy_ps,
-            self.stream,
-            last,
-            self.comm_waits,
-            len(self.buckets),
-        )
+        return last
 
-    def child_plan(self, change: Change) -> Plan:
-        """The neighbouring plan `change` makes: a fused group takes the place of
-        the earlier of the two in the plan's list, split halves take the place of
-        the group, so every other group keeps its priority."""
+    # -- the neighbouring plans ----------------------------------------------
+    def rebucketed_plan(self, buckets: tuple[tuple[str, ...], ...]) -> Plan:
+        """This plan with `buckets` instead of its own."""
         plan = self.plan
-        if isinstance(change, Rebucket):
-            return Plan(plan.module_name, plan.fingerprint, plan.fusion_groups, change.buckets)
+        return Plan(plan.module_name, plan.fingerprint, plan.fusion_groups, buckets)
+
+    def fused_plan(self, first: int, second: int) -> Plan:
+        """The plan that fuses kernels `first` and `second`: the fused group takes
+        the place of the earlier of the two in the plan's list, so every other
+        group keeps its priority."""
+        if self.pos[first] > self.pos[second]:
+            first, second = second, first
+        merged = self._merged(first, second)
+        a, b = self.instances[first][0], self.instances[second][0]
         groups = list(self.groups)
-        if isinstance(change, Fuse):
-            first, second = change.first, change.second
-            if self.pos[first] > self.pos[second]:
-                first, second = second, first
-            merged = self._merged(first, second)
-            a, b = self.instances[first][0], self.instances[second][0]
-            low, high = min(a, b), max(a, b)
-            groups[low] = merged
-            del groups[high]
-        else:
-            g = self.instances[change.kernel][0]
-            groups[g : g + 1] = list(self.halves(change.kernel))
+        groups[min(a, b)] = merged
+        del groups[max(a, b)]
+        return self._with_groups(groups)
+
+    def split_plan(self, kernel: int) -> Plan:
+        """The plan that splits `kernel`: its halves take its group's place."""
+        groups = list(self.groups)
+        g = self.instances[kernel][0]
+        groups[g : g + 1] = list(self.halves(kernel))
+        return self._with_groups(groups)
+
+    def _with_groups(self, groups: list[tuple[str, ...]]) -> Plan:
+        plan = self.plan
         return Plan(plan.module_name, plan.fingerprint, tuple(groups), plan.all_reduce_buckets)
+
+
+class _KernelChange(NamedTuple):
+    """A fusion or a split, as the kernels it removes and those it adds."""
+
+    removed: tuple[int, ...]  # a fusion's two kernels (earlier first), or the split kernel
+    groups: list[tuple[str, ...]]  # each new kernel's group
+    atoms: list[list[int]]  # each new kernel's atoms
+    ranks: list[tuple[int, int]]  # each new kernel's group number and half (its priority)
+    # The parent's kernels each new kernel stands for in the order: the fusion's
+    # two, or for a split nothing then the split kernel (its later half).
+    units: list[int]
+    halves: tuple[KernelPart, ...]  # a split's halves, else ()
+
+
+class _NewKernels:
+    """The kernels a change adds (numbered from the parent's kernel count on):
+    their edges to the parent's kernels, what they read and their priorities."""
+
+    __slots__ = (
+        "ids",
+        "removed",
+        "count",
+        "parent_pos",
+        "parent_preds",
+        "parent_priority",
+        "parent_kernel_of",
+        "kernel_of_atom",
+        "preds",
+        "succs",
+        "reads",
+        "priority",
+        "readers_of_new",
+        "readers_of",
+    )
+
+    def __init__(self, state: PlanState, removed: tuple[int, ...], ids: list[int]):
+        self.ids = ids
+        self.removed = set(removed)
+        self.count = len(state.order)
+        self.parent_pos = state.pos
+        self.parent_preds, self.parent_priority = state.preds, state.priority
+        self.parent_kernel_of = state.kernel_of_atom
+        self.kernel_of_atom: dict[int, int] = {}  # the new kernels' atoms
+        self.preds: dict[int, set[int]] = {}
+        self.succs: dict[int, set[int]] = {kernel: set() for kernel in ids}
+        self.reads: dict[int, frozenset[int]] = {}
+        self.priority: dict[int, tuple] = {}
+        self.readers_of_new: dict[int, set[int]] = {}  # parent kernel -> new kernels it reads
+        self.readers_of: dict[int, list[int]] = {}  # kernel -> new kernels that read it
+
+    def kernel_of(self, atom: int) -> int:
+        """The child's kernel of `atom`."""
+        found = self.kernel_of_atom.get(atom)
+        return self.parent_kernel_of[atom] if found is None else found
+
+    def preds_of(self, kernel: int):
+        """The kernels `kernel` waits for in the child."""
+        if kernel >= self.count:
+            return self.preds[kernel]
+        extra, removed = self.readers_of_new.get(kernel), self.removed
+        if extra is None:
+            return [p for p in self.parent_preds[kernel] if p not in removed]
+        return (self.parent_preds[kernel] - removed) | extra
+
+    def priority_of(self, kernel: int) -> tuple:
+        found = self.priority.get(kernel)
+        return self.parent_priority[kernel] if found is None else found
+
+    def index_readers(self) -> None:
+        """`readers_of`: for each kernel, the new kernels that wait for it."""
+        for kernel in self.ids:
+            for pred in self.preds[kernel]:
+                self.readers_of.setdefault(pred, []).append(kernel)
+
+    def ready_heap(self, start: int) -> list:
+        """A heap of the new kernels whose inputs all ran before position `start`."""
+        pos, preds = self.parent_pos, self.preds
+        heap = [
+            (self.priority_of(kernel), kernel)
+            for kernel in self.ids
+            if all(p not in preds and pos[p] < start for p in preds[kernel])
+        ]
+        heapq.heapify(heap)
+        return heap
+
+
+class _Meeting:
+    """Where the child's order meets the parent's again: for each kernel the
+    child runs, the parent runs as many as it stands for (a fused kernel two, a
+    split's first half none); they meet when both have run the same kernels."""
+
+    __slots__ = ("order", "removed", "unit_of", "extra_child", "extra_parent", "parent_at")
+
+    def __init__(self, order: list[int], change: _KernelChange, ids: list[int], start: int):
+        self.order, self.removed = order, change.removed
+        self.unit_of = dict(zip(ids, change.units, strict=True))
+        self.extra_child: set[int] = set()  # run by the child, not yet by the parent
+        self.extra_parent: set[int] = set()  # run by the parent, not yet by the child
+        self.parent_at = start  # the parent has run the kernels before this position
+
+    def ran(self, kernel: int) -> bool:
+        """The child ran `kernel`; whether both have now run the same kernels."""
+        extra_child, extra_parent = self.extra_child, self.extra_parent
+        units = self.unit_of.get(kernel)
+        if units is None:
+            if kernel in extra_parent:
+                extra_parent.remove(kernel)
+            else:
+                extra_child.add(kernel)
+            units = 1
+        else:
+            for item in self.removed if units else ():
+                if item in extra_parent:
+                    extra_parent.remove(item)
+                else:
+                    extra_child.add(item)
+        order, parent_at = self.order, self.parent_at
+        self.parent_at = parent_at + units
+        while units:
+            item = order[parent_at]
+            parent_at += 1
+            units -= 1
+            if item in extra_child:
+                extra_child.remove(item)
+            else:
+                extra_parent.add(item)
+        return not extra_child and not extra_parent
 
 
 @dataclass
 class _Child:
-    change: object
-    removed: tuple
-    new_ids: list
-    groups: list
-    new_atoms: list
-    reads: dict
-    duration: dict
-    start: int
-    window: list
-    parent_at: int
-    kernel_of: object
+    """A fusion or split evaluated: its new kernels and the child's order over the
+    window where it differs from the parent's."""
+
+    removed: tuple[int, ...]
+    new_ids: list[int]
+    reads: dict[int, frozenset[int]]  # per new kernel
+    duration: dict[int, int]  # per new kernel, ps
+    start: int  # the window's first position
+    window: list[int]  # the child's kernels from `start`
+    parent_at: int  # the parent's position where the orders meet again
+    kernel_of: Callable[[int], int]  # the child's kernel of an atom

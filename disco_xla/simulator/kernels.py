@@ -593,40 +593,99 @@ def build_task_graph(
     XLA compiled, is always a tuple all-reduce. With `collectives_block_compute`
     the compute stream waits for each collective (`TaskGraph`)."""
     index = module_index(module)
-    by_name = index.by_name
     instances, kernel_of_atom = kernel_instances(index, plan)
     kernel_count = len(instances)
     task_of_atom = dict(kernel_of_atom)
-    communications: list[tuple[str, int, tuple[str, ...]]] = []
-    is_bucket: list[bool] = []
-    tuple_element_bytes: list[tuple[int, ...]] = []
-    communication_runs: list[int] = []
-    communication_kinds: list[str] = []
+    comms = _CommunicationTasks(index, kernel_count, task_of_atom)
     for bucket in plan.all_reduce_buckets:
-        task = kernel_count + len(communications)
-        for name in bucket:
-            for atom in index.atoms_of_name[name]:
-                task_of_atom[atom] = task
-        communication_runs.append(index.name_runs(bucket[0]))
-        communication_kinds.append(collective_kind(by_name[bucket[0]]))  # one kind a bucket
-        label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
-        size = sum(collective_bytes(by_name[n]) for n in bucket)
-        communications.append((label, size, tuple(bucket)))
-        is_bucket.append(True)
-        elements = [leaf.bytes for n in bucket for leaf in by_name[n].shape.leaves()]
-        is_tuple = len(elements) > 1 and (tuple_buckets or len(bucket) == 1)
-        tuple_element_bytes.append(tuple(elements) if is_tuple else ())
+        comms.add_bucket(bucket, tuple_buckets)
     for atom, (instr, key) in enumerate(index.atoms):
         if atom not in task_of_atom:  # a collective that is not a gradient
-            task_of_atom[atom] = kernel_count + len(communications)
-            label = instr.name + (f"@{key[-1]}" if key else "")
-            communications.append((label, collective_bytes(instr), (instr.name,)))
-            communication_runs.append(index.instance_runs(instr, key))
-            communication_kinds.append(collective_kind(instr))
-            is_bucket.append(False)
-            elements = [leaf.bytes for leaf in instr.shape.leaves()]
-            tuple_element_bytes.append(tuple(elements) if len(elements) > 1 else ())
-    dependencies: list[set[int]] = [set() for _ in range(kernel_count + len(communications))]
+            comms.add_other(atom, instr, key)
+    tasks = kernel_count + len(comms.communications)
+    dependencies, order_preds = _task_dependencies(
+        index, task_of_atom, kernel_of_atom, kernel_count, tasks
+    )
+    priority = _kernel_priorities(index, instances, kernel_of_atom)
+    order = kernel_order(priority, order_preds)
+    renumber = {old: new for new, old in enumerate(order)}
+    renumber.update({t: t for t in range(kernel_count, len(dependencies))})
+    kernels, kernel_runs = [], []
+    by_name = index.by_name
+    for old in order:
+        group, key = instances[old]
+        members = [by_name[n] for n in plan.fusion_groups[group]]
+        label = members[0].name + (f"@{key[-1]}" if key else "")
+        kernels.append(kernel_for(members, label, index))
+        kernel_runs.append(index.instance_runs(members[0], key))
+    ordered_dependencies = [sorted(renumber[d] for d in dependencies[old]) for old in order]
+    ordered_dependencies += [
+        sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
+    ]
+    return TaskGraph(
+        kernels,
+        comms.communications,
+        ordered_dependencies,
+        comms.is_bucket,
+        comms.tuple_element_bytes,
+        collectives_block_compute,
+        kernel_runs,
+        comms.runs,
+        comms.kinds,
+    )
+
+
+class _CommunicationTasks:
+    """The communication tasks of a task graph, numbered from `kernel_count` on:
+    the plan's buckets in order, then every other collective in atom order.
+    `task_of_atom` gets the task of each collective atom."""
+
+    def __init__(self, index: ModuleIndex, kernel_count: int, task_of_atom: dict[int, int]):
+        self.index, self.kernel_count, self.task_of_atom = index, kernel_count, task_of_atom
+        self.communications: list[tuple[str, int, tuple[str, ...]]] = []
+        self.is_bucket: list[bool] = []
+        self.tuple_element_bytes: list[tuple[int, ...]] = []
+        self.runs: list[int] = []
+        self.kinds: list[str] = []
+
+    def add_bucket(self, bucket: tuple[str, ...], tuple_buckets: bool) -> None:
+        index = self.index
+        by_name = index.by_name
+        task = self.kernel_count + len(self.communications)
+        for name in bucket:
+            for atom in index.atoms_of_name[name]:
+                self.task_of_atom[atom] = task
+        self.runs.append(index.name_runs(bucket[0]))
+        self.kinds.append(collective_kind(by_name[bucket[0]]))  # one kind a bucket
+        label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
+        size = sum(collective_bytes(by_name[n]) for n in bucket)
+        self.communications.append((label, size, tuple(bucket)))
+        self.is_bucket.append(True)
+        elements = [leaf.bytes for n in bucket for leaf in by_name[n].shape.leaves()]
+        is_tuple = len(elements) > 1 and (tuple_buckets or len(bucket) == 1)
+        self.tuple_element_bytes.append(tuple(elements) if is_tuple else ())
+
+    def add_other(self, atom: int, instr: Instruction, key: CallKey) -> None:
+        self.task_of_atom[atom] = self.kernel_count + len(self.communications)
+        label = instr.name + (f"@{key[-1]}" if key else "")
+        self.communications.append((label, collective_bytes(instr), (instr.name,)))
+        self.runs.append(self.index.instance_runs(instr, key))
+        self.kinds.append(collective_kind(instr))
+        self.is_bucket.append(False)
+        elements = [leaf.bytes for leaf in instr.shape.leaves()]
+        self.tuple_element_bytes.append(tuple(elements) if len(elements) > 1 else ())
+
+
+def _task_dependencies(
+    index: ModuleIndex,
+    task_of_atom: dict[int, int],
+    kernel_of_atom: dict[int, int],
+    kernel_count: int,
+    tasks: int,
+) -> tuple[list[set[int]], list[set[int]]]:
+    """(the tasks each task reads, the kernels each kernel waits for in the
+    order: through all-reduces, to the kernels that produced the gradient)."""
+    dependencies: list[set[int]] = [set() for _ in range(tasks)]
     order_preds: list[set[int]] = [set() for _ in range(kernel_count)]
     for atom, task in task_of_atom.items():
         deps = dependencies[task]
@@ -640,6 +699,15 @@ def build_task_graph(
         deps.discard(task)
     for kernel, preds in enumerate(order_preds):
         preds.discard(kernel)
+    return dependencies, order_preds
+
+
+def _kernel_priorities(
+    index: ModuleIndex, instances: list[tuple[int, CallKey]], kernel_of_atom: dict[int, int]
+) -> list[tuple]:
+    """Each kernel's priority in the order (see the module docstring): whether it
+    reads a collective, its kernel rank, its group's place in the plan, its call key."""
+    kernel_count = len(instances)
     reads_comm = [False] * kernel_count
     for atom, kernel in kernel_of_atom.items():
         if not reads_comm[kernel] and any(not index.is_compute[s] for s in index.inputs[atom]):
@@ -647,32 +715,7 @@ def build_task_graph(
     atoms_of_kernel: list[list[int]] = [[] for _ in range(kernel_count)]
     for atom, kernel in kernel_of_atom.items():
         atoms_of_kernel[kernel].append(atom)
-    priority = [
+    return [
         (reads_comm[k], index.kernel_rank(atoms_of_kernel[k]), group, key)
         for k, (group, key) in enumerate(instances)
     ]
-    order = kernel_order(priority, order_preds)
-    renumber = {old: new for new, old in enumerate(order)}
-    renumber.update({t: t for t in range(kernel_count, len(dependencies))})
-    kernels, kernel_runs = [], []
-    for old in order:
-        group, key = instances[old]
-        members = [by_name[n] for n in plan.fusion_groups[group]]
-        label = members[0].name + (f"@{key[-1]}" if key else "")
-        kernels.append(kernel_for(members, label, index))
-        kernel_runs.append(index.instance_runs(members[0], key))
-    ordered_dependencies = [sorted(renumber[d] for d in dependencies[old]) for old in order]
-    ordered_dependencies += [
-        sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
-    ]
-    return TaskGraph(
-        kernels,
-        communications,
-        ordered_dependencies,
-        is_bucket,
-        tuple_element_bytes,
-        collectives_block_compute,
-        kernel_runs,
-        communication_runs,
-        communication_kinds,
-    )

@@ -117,14 +117,7 @@ def build_jax_step(
     With `concrete=False` the arguments are `jax.ShapeDtypeStruct`s: enough to
     lower and capture the step without allocating full-size weights.
     """
-    if name not in JAX_MODELS:
-        raise KeyError(name)
-    if global_batch % replicas:
-        raise ValueError(f"the batch {global_batch} does not split over {replicas} replicas")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: use 'f32' or 'bf16'")
-    if precision == "bf16" and name not in BF16_MODELS:
-        raise ValueError(f"{name} has batch norm, which needs f32: bf16 is for the transformers")
+    _check_step(name, replicas, global_batch, precision)
     rng = np.random.default_rng(seed)
     transformed, example, optimizer = _model(name, size, global_batch, rng)
     per_device = global_batch // replicas
@@ -134,8 +127,44 @@ def build_jax_step(
         params, state = transformed.init(jax.random.PRNGKey(seed), device_batch)
         return params, state, optimizer.init(params)
 
-    params, state, opt_state = jax.jit(init)() if concrete else jax.eval_shape(init)
-    leaves = jax.tree_util.tree_leaves(params)
+    variables = jax.jit(init)() if concrete else jax.eval_shape(init)
+    leaves = jax.tree_util.tree_leaves(variables[0])
+    train = _train_function(transformed, optimizer, precision)
+    if mode == "pmap":
+        fn, args = _pmap_form(train, variables, example, replicas, per_device, concrete)
+    elif mode == "shard_map":
+        fn, args = _shard_map_form(train, variables, example, replicas, concrete)
+    elif mode == "sharded":
+        fn, args = _sharded_form(train, variables, example, replicas, concrete)
+    else:
+        raise ValueError(f"unknown mode {mode!r}: use 'pmap', 'shard_map' or 'sharded'")
+    return JaxStep(
+        fn=fn,
+        args=args,
+        parameter_tensors=len(leaves),
+        parameter_count=sum(int(np.prod(x.shape)) for x in leaves),
+        mode=mode,
+        replicas=replicas,
+        precision=precision,
+    )
+
+
+def _check_step(name: str, replicas: int, global_batch: int, precision: str) -> None:
+    """KeyError for a model not in the zoo, ValueError for a step it cannot build."""
+    if name not in JAX_MODELS:
+        raise KeyError(name)
+    if global_batch % replicas:
+        raise ValueError(f"the batch {global_batch} does not split over {replicas} replicas")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use 'f32' or 'bf16'")
+    if precision == "bf16" and name not in BF16_MODELS:
+        raise ValueError(f"{name} has batch norm, which needs f32: bf16 is for the transformers")
+
+
+def _train_function(transformed, optimizer, precision: str):
+    """train(params, state, opt_state, batch, mean_over_devices) -> (params,
+    state, opt_state, loss): forward, loss, `jax.grad`, `mean_over_devices` on
+    each gradient and the loss, and the optimizer's update."""
 
     def train(params, state, opt_state, batch, mean_over_devices):
         compute_params, compute_batch = params, batch
@@ -154,71 +183,79 @@ def build_jax_step(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), new_state, opt_state, mean_over_devices(loss)
 
+    return train
+
+
+def _per_device_step(train):
+    """One device's part: one pmean per gradient, written by the user."""
+
     def step(params, state, opt_state, batch):
-        """One device's part: one pmean per gradient, written by the user."""
         return train(params, state, opt_state, batch, lambda x: jax.lax.pmean(x, AXIS))
 
+    return step
+
+
+def _abstract(tree):
+    """`tree`'s arrays as `jax.ShapeDtypeStruct`s."""
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _pmap_form(train, variables: tuple, example, replicas: int, per_device: int, concrete: bool):
+    """(`jax.pmap` of the per-device step, its arguments stacked per device)."""
+
+    def per_device_copies(x):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct((replicas, *x.shape), x.dtype)
+        return jnp.broadcast_to(x, (replicas, *x.shape))
+
+    def split(x):
+        return np.reshape(x, (replicas, per_device, *x.shape[1:]))
+
+    replicated = jax.tree_util.tree_map(per_device_copies, variables)
+    batch = jax.tree_util.tree_map(split, example)
+    if not concrete:
+        batch = _abstract(batch)
+    fn = jax.pmap(_per_device_step(train), axis_name=AXIS, devices=jax.devices()[:replicas])
+    return fn, (*replicated, batch)
+
+
+def _shard_map_form(train, variables: tuple, example, replicas: int, concrete: bool):
+    """(`jax.jit` over `jax.shard_map` of the per-device step, its arguments)."""
+    mesh = Mesh(np.array(jax.devices()[:replicas]), (AXIS,))
+    fn = jax.jit(
+        jax.shard_map(
+            _per_device_step(train),
+            mesh=mesh,
+            in_specs=(P(), P(), P(), P(AXIS)),
+            out_specs=(P(), P(), P(), P()),
+            check_vma=False,  # gradients are reduced explicitly, one pmean each
+        )
+    )
+    return fn, (*variables, example if concrete else _abstract(example))
+
+
+def _sharded_form(train, variables: tuple, example, replicas: int, concrete: bool):
+    """(`jax.jit` of the whole batch's step over sharded arguments, the
+    arguments placed: variables replicated, the batch split along its first
+    axis). XLA's SPMD partitioner splits the step by the arguments' shardings
+    and inserts the gradient all-reduces itself."""
+    mesh = Mesh(np.array(jax.devices()[:replicas]), (AXIS,))
+    whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+
     def global_step(params, state, opt_state, batch):
-        """The whole batch's step: XLA's SPMD partitioner splits it by the
-        arguments' shardings and inserts the gradient all-reduces itself."""
         return train(params, state, opt_state, batch, lambda x: x)
 
-    if mode == "pmap":
-
-        def per_device_copies(x):
-            if isinstance(x, jax.ShapeDtypeStruct):
-                return jax.ShapeDtypeStruct((replicas, *x.shape), x.dtype)
-            return jnp.broadcast_to(x, (replicas, *x.shape))
-
-        def split(x):
-            return np.reshape(x, (replicas, per_device, *x.shape[1:]))
-
-        replicated = jax.tree_util.tree_map(per_device_copies, (params, state, opt_state))
-        batch = jax.tree_util.tree_map(split, example)
-        if not concrete:
-            batch = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
-        fn = jax.pmap(step, axis_name=AXIS, devices=jax.devices()[:replicas])
-        args = (*replicated, batch)
-    elif mode == "shard_map":
-        mesh = Mesh(np.array(jax.devices()[:replicas]), (AXIS,))
-        fn = jax.jit(
-            jax.shard_map(
-                step,
-                mesh=mesh,
-                in_specs=(P(), P(), P(), P(AXIS)),
-                out_specs=(P(), P(), P(), P()),
-                check_vma=False,  # gradients are reduced explicitly, one pmean each
-            )
-        )
-        batch = example
-        if not concrete:
-            batch = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
-        args = (params, state, opt_state, batch)
-    elif mode == "sharded":
-        mesh = Mesh(np.array(jax.devices()[:replicas]), (AXIS,))
-        whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-        fn = jax.jit(
-            global_step,
-            in_shardings=(whole, whole, whole, split),
-            out_shardings=(whole, whole, whole, whole),
-        )
-
-        def place(tree, sharding):
-            if not concrete:
-                return jax.tree_util.tree_map(
-                    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
-                )
-            return jax.device_put(tree, sharding)
-
-        args = (*place((params, state, opt_state), whole), place(example, split))
-    else:
-        raise ValueError(f"unknown mode {mode!r}: use 'pmap', 'shard_map' or 'sharded'")
-    return JaxStep(
-        fn=fn,
-        args=args,
-        parameter_tensors=len(leaves),
-        parameter_count=sum(int(np.prod(x.shape)) for x in leaves),
-        mode=mode,
-        replicas=replicas,
-        precision=precision,
+    fn = jax.jit(
+        global_step,
+        in_shardings=(whole, whole, whole, split),
+        out_shardings=(whole, whole, whole, whole),
     )
+
+    def place(tree, sharding):
+        if not concrete:
+            return jax.tree_util.tree_map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+            )
+        return jax.device_put(tree, sharding)
+
+    return fn, (*place(variables, whole), place(example, split))

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.insert_gradient_all_reduces import insert_gradient_all_reduces
+from disco_xla.hlo_passes.insert_gradient_all_reduces import InsertGradientAllReduces
 
 _APPLICATIONS = {"resnet50": "ResNet50", "vgg16": "VGG16", "inception_v3": "InceptionV3"}
 _IMAGE_SIDE = {"resnet50": (224, 32), "vgg16": (224, 32), "inception_v3": (299, 75)}
@@ -126,7 +126,7 @@ def capture_tf_step(step: TfStep, replicas: int) -> HloModule:
 
     module = capture_tf(step.fn, *step.args)
     gradients = len(step.variable_names)
-    insert_gradient_all_reduces(
-        module, list(range(1, 1 + gradients)), replicas, step.variable_names
+    InsertGradientAllReduces(list(range(1, 1 + gradients)), replicas, step.variable_names).run(
+        module
     )
     return module

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 
 from disco_xla import capture_jax
-from disco_xla.hlo_passes.bucket_all_reduces import bucket_all_reduces
+from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan, verify_plan
+from disco_xla.runtime.apply import NO_COMBINER
 from disco_xla.runtime.xla_runner import PartitionedProgram
 from disco_xla.zoo.jax_steps import build_jax_step
-
-NO_COMBINER = ("cpu-all-reduce-combiner",)
 
 
 def split_in_two(plan: Plan) -> Plan:
@@ -39,7 +38,7 @@ def test_two_buckets_compile_to_two_gradient_all_reduces_and_compute_the_same(st
     plan = split_in_two(Plan.unfused(module))
     verify_plan(plan, module)
     rewritten = HloModule.from_bytes(module.to_bytes(), "rewritten")
-    assert bucket_all_reduces(rewritten, plan)
+    assert BucketAllReduces(plan.all_reduce_buckets).run(rewritten)
     assert len(rewritten.gradient_all_reduces) == 2
     sizes = [
         sum(_instr(module, n).shape.bytes for n in bucket) for bucket in plan.all_reduce_buckets
@@ -66,7 +65,7 @@ def test_bucketing_the_demo_step_is_bit_for_bit(captured):
     module = HloModule.from_bytes(raw)
     plan = split_in_two(Plan.unfused(module))
     rewritten = HloModule.from_bytes(raw, "rewritten")
-    bucket_all_reduces(rewritten, plan)
+    BucketAllReduces(plan.all_reduce_buckets).run(rewritten)
     arguments = [np.asarray(x) for x in jax.tree_util.tree_leaves(args)]
     original = PartitionedProgram(module, 4, NO_COMBINER).run(arguments)
     again = PartitionedProgram(rewritten, 4, NO_COMBINER).run(arguments)
@@ -79,7 +78,7 @@ def test_singleton_buckets_keep_each_all_reduce_and_the_plan_order(step):
     module, _ = step
     plan = Plan.unfused(module)
     rewritten = HloModule.from_bytes(module.to_bytes(), "rewritten")
-    assert bucket_all_reduces(rewritten, plan)  # only control edges are added
+    assert BucketAllReduces(plan.all_reduce_buckets).run(rewritten)  # only control edges are added
     order = [
         i.name
         for c in rewritten.computations
@@ -141,3 +140,81 @@ def test_a_bf16_bucket_is_reduced_in_f32_and_bit_for_bit():
     assert bucket.shape == "f32[96]"  # as XLA:CPU promotes each bf16 all-reduce
     verdict = verify_rewrite(module, rewritten, 2)
     assert verdict.bit_equal, verdict
+
+
+# Two gradient sums over 2 devices, and two reduce-scatters of the same.
+TWO_SUMS = """HloModule two_sums
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  a = f32[4] parameter(0)
+  b = f32[3,2] parameter(1)
+  ra = f32[4] all-reduce(a), replica_groups={{0,1}}, to_apply=sum
+  rb = f32[3,2] all-reduce(b), replica_groups={{0,1}}, to_apply=sum
+  sa = f32[2] reduce-scatter(a), replica_groups={{0,1}}, dimensions={0}, to_apply=sum
+  sb = f32[3,1] reduce-scatter(b), replica_groups={{0,1}}, dimensions={1}, to_apply=sum
+  ROOT t = (f32[4], f32[3,2], f32[2], f32[3,1]) tuple(ra, rb, sa, sb)
+}
+"""
+
+
+@pytest.fixture()
+def two_sums() -> HloModule:
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+
+    return module_from_text(TWO_SUMS, "two_sums")
+
+
+def test_nothing_to_bucket_leaves_the_module_as_it_is(two_sums):
+    before = two_sums.to_bytes()
+    assert not BucketAllReduces([]).run(two_sums)
+    assert not BucketAllReduces([("ra",)]).run(two_sums)  # one bucket of one
+    assert two_sums.to_bytes() == before
+
+
+def test_a_bucket_of_two_is_one_all_reduce_of_their_concatenation(two_sums):
+    from disco_xla.hlo_passes.bucket_all_reduces import BUCKET_MARK
+
+    assert BucketAllReduces([("ra", "rb")]).run(two_sums)
+    reduces = [i for i in two_sums.instructions() if i.opcode == "all-reduce"]
+    assert [(i.name, str(i.shape)) for i in reduces] == [(f"{BUCKET_MARK}.0", "f32[10]")]
+    assert reduces[0].operands[0].opcode == "concatenate"
+    restored = two_sums.entry.root.operands[:2]
+    assert [(i.opcode, str(i.shape)) for i in restored] == [
+        ("reshape", "f32[4]"),
+        ("reshape", "f32[3,2]"),
+    ]
+    assert {i.operands[0].opcode for i in restored} == {"slice"}
+
+
+def test_buckets_of_one_keep_the_plan_order_by_control_edges(two_sums):
+    assert BucketAllReduces([("rb",), ("ra",)]).run(two_sums)
+    assert [p.name for p in two_sums.instruction("ra").control_predecessors] == ["rb"]
+    assert not two_sums.instruction("rb").control_predecessors
+
+
+def test_a_bucket_of_reduce_scatters_scatters_one_concatenation(two_sums):
+    assert BucketAllReduces([("sa", "sb")]).run(two_sums)
+    (scatter,) = [i for i in two_sums.instructions() if i.opcode == "reduce-scatter"]
+    # Rows are devices: [2, 2 + 3] scattered over dimension 0.
+    assert str(scatter.shape) == "f32[1,5]" and str(scatter.operands[0].shape) == "f32[2,5]"
+    restored = two_sums.entry.root.operands[2:]
+    assert [str(i.shape) for i in restored] == ["f32[2]", "f32[3,1]"]
+    assert restored[1].opcode == "transpose"  # its scattered dimension was moved first
+
+
+def test_a_bf16_bucket_is_widened_to_f32_unless_told_otherwise():
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+
+    text = TWO_SUMS.replace("f32", "bf16")
+    for widen, reduced in ((True, "f32[10]"), (False, "bf16[10]")):
+        module = module_from_text(text, "bf16_sums")
+        assert BucketAllReduces([("ra", "rb")], widen_narrow_floats=widen).run(module)
+        (bucket,) = [i for i in module.instructions() if i.opcode == "all-reduce"]
+        assert str(bucket.shape) == reduced
+        assert str(module.entry.root.operands[0].shape) == "bf16[4]"

@@ -7,11 +7,17 @@ import dataclasses
 
 import pytest
 
-from disco_xla.hlo_passes.fusion_boundaries import outline_fusion_groups
+from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan, compute_instructions, departing_groups, verify_plan
-from disco_xla.runtime.apply import verify_rewrite
+from disco_xla.runtime.apply import NO_COMBINER, verify_rewrite
 from disco_xla.runtime.xla_runner import compile_module
+
+
+def outline(module: HloModule, plan: Plan, left_to_xla=None) -> bool:
+    """Run the pass on the groups of `plan` that need a boundary, as `apply_plan` does."""
+    boundaries = departing_groups(module, plan, left_to_xla)
+    return OutlineFusionGroups(plan.fusion_groups, boundaries).run(module)
 
 
 def paired_plan(module: HloModule) -> Plan:
@@ -55,7 +61,7 @@ def test_every_group_becomes_one_non_inlineable_call(step):
     plan = paired_plan(step)
     verify_plan(plan, step)
     rewritten = HloModule.from_bytes(step.to_bytes(), "rewritten")
-    assert outline_fusion_groups(rewritten, plan)
+    assert outline(rewritten, plan)
     calls = [
         i for i in rewritten.instructions() if i.opcode == "call" and "disco_xla.kernel" in i.name
     ]
@@ -81,8 +87,8 @@ def test_every_group_becomes_one_non_inlineable_call(step):
 def test_xla_keeps_the_boundaries_and_the_results(step):
     plan = paired_plan(step)
     rewritten = HloModule.from_bytes(step.to_bytes(), "rewritten")
-    outline_fusion_groups(rewritten, plan)
-    compiled = compile_module(rewritten, ["cpu-all-reduce-combiner"])
+    outline(rewritten, plan)
+    compiled = compile_module(rewritten, NO_COMBINER)
     assert compiled.opcode_histogram()["call"] >= 0.8 * len(
         [g for g in plan.fusion_groups if len(g) > 1]
     )
@@ -124,7 +130,7 @@ def test_constant_expressions_never_cross_a_group_edge():
     plan = dataclasses.replace(Plan.unfused(module), fusion_groups=groups)
     verify_plan(plan, module)
     rewritten = HloModule.from_bytes(module.to_bytes(), "rewritten")
-    assert outline_fusion_groups(rewritten, plan)
+    assert outline(rewritten, plan)
     calls = [i for i in rewritten.entry.instructions if i.opcode == "call"]
     # The group of constants alone stays; the others read only the parameter
     # or each other's results, and compute their constants themselves.
@@ -152,10 +158,10 @@ def test_groups_xla_forms_itself_and_library_ops_are_left_to_xla(step):
 
     own = xla_own_groups(step)
     assert own is not None
-    plan = xla_fusion_plan(step, compile_module(step, ["cpu-all-reduce-combiner"]))
+    plan = xla_fusion_plan(step, compile_module(step, NO_COMBINER))
     assert plan.fusion_groups == own
     unchanged = HloModule.from_bytes(step.to_bytes(), "unchanged")
-    assert not outline_fusion_groups(unchanged, plan, left_to_xla=own)
+    assert not outline(unchanged, plan, left_to_xla=own)
     assert unchanged.fingerprint == step.fingerprint
     # Split the largest group without a dot into its members.
     by_name = {i.name: i for i in step.instructions()}
@@ -167,7 +173,52 @@ def test_groups_xla_forms_itself_and_library_ops_are_left_to_xla(step):
     departing = departing_groups(step, split_plan, own)
     assert sorted(departing) == sorted((n,) for n in largest)
     rewritten = HloModule.from_bytes(step.to_bytes(), "split")
-    assert outline_fusion_groups(rewritten, split_plan, left_to_xla=own)
+    assert outline(rewritten, split_plan, left_to_xla=own)
     calls = [i for i in rewritten.instructions() if i.opcode == "call" and "kernel" in i.name]
     assert 0 < len(calls) <= len(largest)
     assert verify_rewrite(step, rewritten, devices=4, rounds=1).equal
+
+
+CHAIN = """
+HloModule chain
+
+ENTRY chain {
+  x = f32[4] parameter(0)
+  a = f32[4] exponential(x)
+  b = f32[4] negate(a)
+  ROOT c = f32[4] multiply(b, x)
+}
+"""
+
+
+def test_a_group_becomes_a_call_and_groups_not_chosen_stay():
+    from disco_xla.hlo_passes.fusion_boundaries import GROUP_MARK
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+
+    module = module_from_text(CHAIN, "chain")
+    groups = (("c",), ("a", "b"))
+    before = module.to_bytes()
+    assert not OutlineFusionGroups(groups, boundaries=()).run(module)
+    assert module.to_bytes() == before
+    assert OutlineFusionGroups(groups, boundaries=[("a", "b")]).run(module)
+    root = module.entry.root
+    assert root.name == "c"
+    element, parameter = root.operands
+    assert (element.opcode, parameter.opcode) == ("get-tuple-element", "parameter")
+    call = element.operands[0]
+    assert call.name == f"{GROUP_MARK}.1.call"  # named by the group's position
+    assert call.proto.frontend_attributes.map["inlineable"] == "false"
+    callee = call.called_computations[0]
+    assert callee.name == f"{GROUP_MARK}.1"
+    assert [i.opcode for i in callee.topological_order] == [
+        "parameter",
+        "exponential",
+        "negate",
+        "tuple",
+    ]
+    assert {i.opcode for i in module.entry.instructions} == {
+        "parameter",
+        "call",
+        "get-tuple-element",
+        "multiply",
+    }

@@ -176,3 +176,50 @@ def test_fingerprint_ignores_id_counters_and_source_lines_but_not_the_program():
     assert first.to_bytes() != again.to_bytes()
     assert first.fingerprint == again.fingerprint
     assert capture_jax(step(3.0), x).fingerprint != first.fingerprint
+
+
+MARKED = """HloModule marked
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[4] parameter(0)
+  forward = f32[4] tanh(x), metadata={op_name="jit(step)/tanh"}
+  backward = f32[4] negate(forward), metadata={op_name="jit(step)/transpose(jvp(tanh))/neg"}
+  grad = f32[4] all-reduce(backward), replica_groups={{0,1}}, to_apply=sum
+  loss = f32[4] all-reduce(forward), replica_groups={{0,1}}, to_apply=sum
+  ROOT t = (f32[4], f32[4]) tuple(grad, loss)
+}
+"""
+
+
+def test_only_sums_of_backward_code_are_gradients_where_the_module_is_marked():
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+
+    module = module_from_text(MARKED, "marked")
+    assert [a.name for a in module.gradient_all_reduces] == ["grad"]
+    unmarked = module_from_text(MARKED.replace("transpose(jvp(tanh))", "tanh"), "unmarked")
+    assert sorted(a.name for a in unmarked.gradient_all_reduces) == ["grad", "loss"]
+
+
+def test_instructions_are_found_by_name_and_removed_until_the_view_is_rebuilt():
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+
+    module = module_from_text(MARKED, "marked")
+    loss = module.instruction("loss")
+    assert loss.opcode == "all-reduce" and loss.computation is module.entry
+    with pytest.raises(KeyError):
+        module.instruction("nothing")
+    root = module.entry.root
+    root.proto.operand_ids[1] = module.instruction("forward").id
+    assert module.remove_instructions([loss]) == 1
+    assert module.instruction("loss") is loss  # the view is as it was
+    module.rebuild()
+    with pytest.raises(KeyError):
+        module.instruction("loss")
+    assert [a.name for a in module.all_reduces] == ["grad"]
+    assert module.remove_instructions([]) == 0

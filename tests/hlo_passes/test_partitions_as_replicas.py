@@ -15,7 +15,7 @@ from disco_xla.capture import capture_jax
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.hlo_passes.partitions_as_replicas import (
     NotPartitionedError,
-    partitions_as_replicas,
+    PartitionsAsReplicas,
 )
 from disco_xla.runtime.xla_runner import ReplicatedProgram, program_for
 
@@ -79,11 +79,11 @@ def test_the_pass_turns_partitions_into_replicas_and_only_once(sharded):
     _, _, module = sharded
     copy = HloModule.from_bytes(module.to_bytes())
     assert any(i.opcode == "partition-id" for i in copy.instructions())
-    assert partitions_as_replicas(copy)
+    assert PartitionsAsReplicas().run(copy)
     assert not any(i.opcode == "partition-id" for i in copy.instructions())
     assert copy.device_counts() == {"num_replicas": 4, "num_partitions": 1}
     assert not copy.already_partitioned
-    assert not partitions_as_replicas(copy)  # nothing left to do
+    assert not PartitionsAsReplicas().run(copy)  # nothing left to do
 
 
 def test_run_as_replicas_it_is_bit_equal_to_jax_own_executable(sharded):
@@ -109,7 +109,7 @@ def test_a_pmap_module_is_left_to_the_partitioner():
     module = capture_jax(step, *args)
     assert not module.already_partitioned and not module.needs_partitioning
     copy = HloModule.from_bytes(module.to_bytes())
-    assert not partitions_as_replicas(copy)
+    assert not PartitionsAsReplicas().run(copy)
     assert copy.to_bytes() == HloModule.from_bytes(module.to_bytes()).to_bytes()
 
 
@@ -122,7 +122,7 @@ def test_a_partitioned_module_with_cross_replica_collectives_is_refused(sharded)
             break
     copy.rebuild()
     with pytest.raises(NotPartitionedError, match="cross-replica collective"):
-        partitions_as_replicas(copy)
+        PartitionsAsReplicas().run(copy)
 
 
 def test_an_all_to_all_over_a_permuted_mesh_axis_exchanges_with_the_right_partners():
@@ -150,3 +150,40 @@ def test_an_all_to_all_over_a_permuted_mesh_axis_exchanges_with_the_right_partne
         np.testing.assert_array_equal(
             outputs[device][0], np.asarray(expected.addressable_shards[device].data)
         )
+
+
+# One partition's program of two: it reads its partition id, and sums over the
+# partitions (a channel, partition ids as device groups).
+PARTITIONED = """HloModule partitioned
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[4] parameter(0)
+  id = u32[] partition-id()
+  f = f32[] convert(id)
+  spread = f32[4] broadcast(f), dimensions={}
+  y = f32[4] add(x, spread)
+  ROOT r = f32[4] all-reduce(y), channel_id=1, replica_groups={{0,1}}, to_apply=sum
+}
+"""
+
+
+def test_the_pass_on_a_small_partitioned_module_and_on_one_that_is_not():
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+
+    module = module_from_text(PARTITIONED, "partitioned")
+    assert module.already_partitioned
+    assert PartitionsAsReplicas().run(module)
+    opcodes = module.opcode_histogram()
+    assert opcodes["replica-id"] == 1 and "partition-id" not in opcodes
+    reduced = module.entry.root
+    assert reduced.proto.channel_id == 1 and reduced.proto.use_global_device_ids
+    assert module.device_counts() == {"num_replicas": 2, "num_partitions": 1}
+    before = module.to_bytes()
+    assert not PartitionsAsReplicas().run(module)
+    assert module.to_bytes() == before

@@ -99,12 +99,12 @@ def test_verify_refuses_a_device_count_the_module_was_not_made_for(module_files)
 def test_verify_runs_a_step_that_assigns_variables_many_times(tmp_path):
     """A TF step that assigns variables (batch norm's moving statistics) aliases
     those outputs to its inputs; the runners time it on the same arguments
-    again and again, which once read a donated buffer and crashed."""
+    again and again, and no run may read a buffer an earlier one donated."""
     import keras
     import tensorflow as tf
 
     from disco_xla.capture import capture_tf
-    from disco_xla.hlo_passes.insert_gradient_all_reduces import insert_gradient_all_reduces
+    from disco_xla.hlo_passes.insert_gradient_all_reduces import InsertGradientAllReduces
 
     model = keras.Sequential(
         [keras.Input((6,)), keras.layers.Dense(8), keras.layers.BatchNormalization()]
@@ -119,7 +119,7 @@ def test_verify_runs_a_step_that_assigns_variables_many_times(tmp_path):
     module = capture_tf(step, tf.ones((4, 6)))
     assert module.proto.input_output_alias  # the moving statistics
     names = [v.name for v in model.trainable_variables]
-    insert_gradient_all_reduces(module, list(range(1, 1 + len(names))), 2, names)
+    InsertGradientAllReduces(list(range(1, 1 + len(names))), 2, names).run(module)
     path = tmp_path / "bn.hlo.pb"
     save_module(module, path)
     result = run_cli("verify", str(path), str(path), "--devices", "2", "--rounds", "3", "--json")

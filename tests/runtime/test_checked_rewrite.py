@@ -90,11 +90,12 @@ def _assert_the_rule_holds(report: dict) -> None:
 
 
 def test_xla_fusion_through_the_rewrite_is_the_unchanged_program(conv_step_file, tmp_path):
+    from disco_xla.runtime.apply import NO_COMBINER
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.xla_fusion import xla_fusion_plan
 
     module = load_module(conv_step_file)
-    own = xla_fusion_plan(module, compile_module(module, ["cpu-all-reduce-combiner"]))
+    own = xla_fusion_plan(module, compile_module(module, NO_COMBINER))
     assert any(i.opcode == "convolution" for i in module.instructions())
     report, _ = _apply(conv_step_file, own, tmp_path, "--json")
     plan = report["measured"]["candidates"]["plan"]

@@ -69,7 +69,7 @@ _SHARDED_STEP = """
     fn = disco_xla.jit(
         jax.jit(step, in_shardings=(replicated, replicated, split),
                 out_shardings=(replicated, replicated)),
-        max_evaluations=20, cache_dir=sys.argv[1], check_speed=False)
+        max_evaluations=20, cache_dir=sys.argv[1] + f"/rank{rank}")
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal((8, 4)).astype(np.float32) * 0.3
     b0 = np.zeros((4,), np.float32)
@@ -81,6 +81,7 @@ _SHARDED_STEP = """
         w, b = fn(w, b, x)
     plan = fn.plans()[0].to_json() if fn.plans() else None
     print("RESULT " + json.dumps({"rank": rank, "status": fn.status(), "plan": plan,
+                                  "measurements": fn.measurements(),
                                   "w": np.asarray(w.addressable_shards[0].data).tolist()}))
 """
 
@@ -134,11 +135,21 @@ def test_two_ranks_agree_on_one_plan_and_train_like_one_process(tmp_path):
         np.testing.assert_allclose(rank["w"], _reference_weights(), rtol=1e-5, atol=1e-6)
 
 
-def test_a_sharded_jit_step_is_optimized_on_two_ranks_and_trains_like_one_process(tmp_path):
+def test_two_ranks_time_the_candidates_of_a_sharded_jit_step_and_agree_on_one(tmp_path):
     """The all-reduces exist only after SPMD partitioning: each rank captures the
-    partitioned module, they agree on one plan, and run it as replicas."""
+    partitioned module, they agree on one plan and its candidates, time them
+    together, and reach one verdict from the same averaged times (each rank with
+    a cache of its own, so neither reads the other's choice), then train like
+    one process."""
     ranks = _two_ranks(tmp_path, "sharded_step.py", _SHARDED_STEP)
-    assert ranks[0]["status"] == ranks[1]["status"] == ["optimized"], ranks[0]["status"]
+    assert ranks[0]["status"] == ranks[1]["status"], (ranks[0]["status"], ranks[1]["status"])
+    (status,) = ranks[0]["status"]
+    assert status.startswith(("optimized", "original: faster here")), status
+    assert ranks[0]["measurements"] == ranks[1]["measurements"]
+    (report,) = ranks[0]["measurements"]
+    assert report["plan"]["equal"] and "measured_s" in report["original"], report
+    timed = [label for label, entry in report.items() if "measured_s" in entry]
+    assert len(timed) >= 3, report  # the original, the plan and another candidate
     plan = json.loads(ranks[0]["plan"])
     assert ranks[0]["plan"] == ranks[1]["plan"] and plan["all_reduce_buckets"]
     for rank in ranks.values():

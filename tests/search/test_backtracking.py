@@ -222,12 +222,13 @@ def test_plans_only_split_xla_groups_and_pay_for_each_boundary(step):
     import dataclasses
 
     from disco_xla.plan import departing_groups
+    from disco_xla.runtime.apply import NO_COMBINER
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search import optimize
     from disco_xla.search.xla_fusion import xla_fusion_plan
     from disco_xla.simulator.cost_models import boundary_charged
 
-    compiled = compile_module(step, ["cpu-all-reduce-combiner"])
+    compiled = compile_module(step, NO_COMBINER)
     own = xla_fusion_plan(step, compiled).fusion_groups
     group_of = {name: number for number, group in enumerate(own) for name in group}
     profile = load_profile("cpu-local")

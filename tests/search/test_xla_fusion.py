@@ -9,14 +9,16 @@ import pytest
 
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan, compute_instructions, verify_plan
+from disco_xla.runtime.apply import NO_COMBINER
 from disco_xla.runtime.xla_runner import compile_module
 from disco_xla.search.backtracking import _critical, _neighbours, critical_names
 from disco_xla.search.baselines import BASELINES, captured_baselines
 from disco_xla.search.compare import ROWS, compare_plans
+from disco_xla.search.moves import Fuse, Rebucket
 from disco_xla.search.xla_fusion import split_unconnected, xla_fusion_groups, xla_fusion_plan
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import simulate
-from disco_xla.simulator.incremental import Fuse, PlanState, Rebucket
+from disco_xla.simulator.incremental import PlanState
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
 
@@ -24,13 +26,13 @@ from disco_xla.simulator.profiles import load_profile
 @pytest.fixture(scope="module")
 def step_and_compiled(captured):
     step = HloModule.from_bytes(captured["jax_pmap_step"][0], "step")
-    return step, compile_module(step, ["cpu-all-reduce-combiner"])
+    return step, compile_module(step, NO_COMBINER)
 
 
 @pytest.mark.parametrize("name", ["jax_pmap_step", "jax_conv_dot_sort", "tf_train_step"])
 def test_xla_fusion_plan_is_legal_and_groups_like_xla(captured, name):
     module = HloModule.from_bytes(captured[name][0], name)
-    compiled = compile_module(module, ["cpu-all-reduce-combiner"])
+    compiled = compile_module(module, NO_COMBINER)
     plan = xla_fusion_plan(module, compiled)
     verify_plan(plan, module)
     xla_kernels = len(compute_instructions(compiled))
@@ -178,12 +180,11 @@ def test_the_seen_set_key_tells_different_child_plans_apart(step_and_compiled):
     profile = load_profile("a100-2x8-100g")
     plan = xla_fusion_plan(step, compiled)
     state = PlanState(step, plan, profile, RooflineCostModel(profile))
-    state.buckets_hash = hash(state.buckets)
     group_hashes = [_group_hash(g) for g in plan.fusion_groups]
     groups_key = sum(_mix(h) for h in group_hashes) % (1 << 64)
     children = {}
     for move in _neighbours(state, random.Random(0), "fusion", critical_names(state)):
-        child = state.child_plan(move)
+        child = move.child_plan(state)
         identity = (frozenset(child.fusion_groups), child.all_reduce_buckets)
         children.setdefault(_child_key(state, groups_key, move, group_hashes), set()).add(identity)
     assert len(children) > 20

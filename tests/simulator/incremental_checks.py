@@ -8,9 +8,10 @@ import random
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.search.backtracking import _bucket_moves
+from disco_xla.search.moves import Fuse, Split
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import PS_PER_S, simulate
-from disco_xla.simulator.incremental import Fuse, PlanState, Split
+from disco_xla.simulator.incremental import PlanState
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import ClusterProfile
 
@@ -36,10 +37,10 @@ def local_changes_match_full_simulation(
     random.Random(seed).shuffle(moves)
     evaluated = 0
     for move in moves:
-        seconds = state.evaluate(move)
+        seconds = move.evaluate(state)
         if seconds is None:
             continue
-        child = state.child_plan(move)
+        child = move.child_plan(state)
         verify_plan(child, module)
         assert seconds == simulate(build_task_graph(module, child), profile, cost_model).iteration_s
         evaluated += 1

@@ -13,10 +13,11 @@ from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.hlo_passes.hlo_io import module_from_text
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.search.backtracking import _bucket_moves, greedy_fusion_plan
+from disco_xla.search.moves import Fuse, Split
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import PS_PER_S, graph_iteration_ps, simulate, to_ps
-from disco_xla.simulator.incremental import Fuse, PlanState, Split
+from disco_xla.simulator.incremental import PlanState
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
 
@@ -63,8 +64,8 @@ def test_incremental_evaluation_equals_a_full_simulation_on_random_local_changes
     random.Random(2).shuffle(moves)
     checked = {"Fuse": 0, "Split": 0, "Rebucket": 0}
     for move in moves[: 90 if cluster != "cpu-local" else 30]:
-        seconds = state.evaluate(move)
-        child = state.child_plan(move)
+        seconds = move.evaluate(state)
+        child = move.child_plan(state)
         if seconds is None:
             continue
         verify_plan(child, step)  # an evaluated change is a legal plan
@@ -80,11 +81,11 @@ def test_fusions_refused_incrementally_are_refused_by_the_verifier_too(step):
     for kernel in range(len(state.order)):
         for user in sorted(state.succs[kernel]):
             if state.legal_fuse(kernel, user):
-                verify_plan(state.child_plan(Fuse(kernel, user)), step)
+                verify_plan(state.fused_plan(kernel, user), step)
             elif abs(state.pos[kernel] - state.pos[user]) <= 64:
                 refused += 1
                 with pytest.raises(DiscoInputError):
-                    verify_plan(state.child_plan(Fuse(kernel, user)), step)
+                    verify_plan(state.fused_plan(kernel, user), step)
     assert refused > 0
 
 
@@ -152,7 +153,6 @@ ENTRY main {
 @pytest.mark.parametrize("cluster", ["cpu-local", "a100-2x8-100g"])
 def test_bucket_moves_that_break_a_gradient_dependency_are_refused(cluster):
     from disco_xla.plan import gradient_dependencies
-    from disco_xla.simulator.incremental import Rebucket
 
     module = module_from_text(DEPENDENT_GRADIENTS)
     assert gradient_dependencies(module) == {"mean2": frozenset({"mean1"})}
@@ -167,8 +167,8 @@ def test_bucket_moves_that_break_a_gradient_dependency_are_refused(cluster):
         plan = dataclasses.replace(Plan.unfused(module), all_reduce_buckets=buckets)
         if legal:
             verify_plan(plan, module)
-            assert state.evaluate(Rebucket(buckets)) is not None
+            assert state.evaluate_buckets(buckets) is not None
         else:
             with pytest.raises(DiscoInputError):
                 verify_plan(plan, module)
-            assert state.evaluate(Rebucket(buckets)) is None
+            assert state.evaluate_buckets(buckets) is None

@@ -12,9 +12,10 @@ from disco_xla.hlo_passes.hlo_io import module_from_text
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
-from disco_xla.simulator.events import chrome_trace, plot_gantt, simulate
+from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
+from disco_xla.simulator.trace import chrome_trace, plot_gantt
 from tests.conftest import run_cli
 
 # forward -> two gradients -> two all-reduces -> two updates

@@ -197,7 +197,7 @@ def test_moves_near_the_first_collective_agree_with_full_simulations(step):
     # incremental shortcut (a shift by their change in duration); those a little
     # later must not.
     from disco_xla.search.backtracking import greedy_fusion_plan
-    from disco_xla.simulator.incremental import Fuse, Split
+    from disco_xla.search.moves import Fuse, Split
 
     profile = load_profile("a100-2x8-100g")
     cost_model = RooflineCostModel(profile)
@@ -207,18 +207,22 @@ def test_moves_near_the_first_collective_agree_with_full_simulations(step):
     moves = [Split(k) for k in early] + [Fuse(k, u) for k in early for u in sorted(state.succs[k])]
     shortcut = 0
     for move in random.Random(3).sample(moves, min(len(moves), 40)):
-        seconds = state.evaluate(move)
+        seconds = move.evaluate(state)
         if seconds is None:
             continue
-        shortcut += state._reordered(move).parent_at <= state.first_point
-        full = simulate(build_task_graph(step, state.child_plan(move)), profile, cost_model)
+        if isinstance(move, Fuse):
+            change = state._fusion(move.first, move.second)
+        else:
+            change = state._split(move.kernel)
+        shortcut += state._child(change).parent_at <= state.first_point
+        full = simulate(build_task_graph(step, move.child_plan(state)), profile, cost_model)
         assert seconds == full.iteration_s
     assert shortcut > 0
 
 
 def test_incremental_times_count_the_step_overhead_and_kernel_scale_as_a_full_run(step):
     from disco_xla.search.backtracking import _bucket_moves, greedy_fusion_plan
-    from disco_xla.simulator.incremental import Fuse, Split
+    from disco_xla.search.moves import Fuse, Split
 
     profile = dataclasses.replace(
         load_profile("a100-2x8-100g"), step_overhead_s=3.7e-4, kernel_time_scale=1.3
@@ -233,9 +237,9 @@ def test_incremental_times_count_the_step_overhead_and_kernel_scale_as_a_full_ru
     moves += [make() for _, make in _bucket_moves(plan.all_reduce_buckets)]
     checked = 0
     for move in random.Random(4).sample(moves, min(len(moves), 30)):
-        seconds = state.evaluate(move)
+        seconds = move.evaluate(state)
         if seconds is not None:
-            child = build_task_graph(step, state.child_plan(move))
+            child = build_task_graph(step, move.child_plan(state))
             assert seconds == simulate(child, profile, cost_model).iteration_s
             checked += 1
     assert checked > 0

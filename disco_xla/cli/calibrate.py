@@ -1,0 +1,207 @@
+"""`disco-xla calibrate`: measure the collectives, kernels and steps of this
+machine and write a cluster profile (`simulator/calibrate.py` does the
+measuring and fitting; this module checks the flags, writes the profile and
+reports what was measured)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from disco_xla.cli.shared import add_keep_cpus_awake, cpus_awake_if_asked
+from disco_xla.errors import DiscoInputError
+
+PROFILE_HEADER = "# Written by `disco-xla calibrate`: every figure was measured on this machine.\n"
+
+
+def add_parser(commands, common: argparse.ArgumentParser) -> None:
+    calibrate = commands.add_parser(
+        "calibrate", parents=[common], help="measure all-reduce times and fit alpha and B"
+    )
+    where = calibrate.add_mutually_exclusive_group()
+    where.add_argument("--devices", type=int, default=2, help="CPU devices in this process")
+    where.add_argument("--processes", type=int, help="jax.distributed processes on loopback")
+    calibrate.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message")
+    calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per size")
+    calibrate.add_argument("--json", action="store_true", help="print one JSON object")
+    add_keep_cpus_awake(calibrate)
+    calibrate.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
+    calibrate.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    workers = _checked_workers(args)
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", max(workers, 1) if not args.processes else 1)
+    from disco_xla.simulator import calibrate
+
+    runtime, collective_steps, tuple_element_s, step, flops, bandwidth = _measure(args, workers)
+    # The points become what each collective adds to a step (`in_step_points`).
+    measured = collective_steps.pop("all-reduce")
+    fit = calibrate.fit_ring_model(calibrate.in_step_points(measured, step), workers)
+    collectives = {
+        kind: calibrate.in_step_points(points, step, kind)
+        for kind, points in collective_steps.items()
+    }
+    profile = calibrate.cpu_profile(
+        fit,
+        workers,
+        runtime,
+        flops,
+        bandwidth,
+        tuple_element_s,
+        step,
+        measured,
+        collectives,
+        collective_steps,
+    )
+    from disco_xla.profiling.boundary_cost import measure_fusion_boundary_s
+    from disco_xla.simulator.profiles import profile_from_dict
+
+    boundary = measure_fusion_boundary_s(profile_from_dict(profile, "calibrate"))
+    profile["fusion_boundary_s"] = boundary.fusion_boundary_s
+    _write_profile(args.output, profile)
+    report = {
+        "runtime": runtime,
+        "workers": workers,
+        **_fit_report(fit, collectives),
+        **_device_report(flops, bandwidth, tuple_element_s, step),
+        "fusion_boundary_s": boundary.fusion_boundary_s,
+        "fusion_boundary_probe": boundary.__dict__,
+        "profile": args.output,
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_calibration(report)
+    return 0
+
+
+def _checked_workers(args: argparse.Namespace) -> int:
+    """The number of workers the flags ask for; a one-line error where they cannot."""
+    if (args.devices or 0) < 0 or (args.processes is not None and args.processes < 2):
+        raise DiscoInputError("calibrate", "--processes needs at least 2 processes")
+    workers = args.processes or args.devices
+    if workers < 2:
+        raise DiscoInputError("calibrate", "an all-reduce needs at least 2 devices")
+    if not 4096 <= args.max_bytes <= 2**31:
+        raise DiscoInputError("calibrate", "--max-bytes must be between 4096 and 2 GiB")
+    return workers
+
+
+def _measure(args: argparse.Namespace, workers: int) -> tuple:
+    """(runtime, collective steps, tuple element s, step costs, peak f32 FLOP/s,
+    memory bandwidth): every probe of `simulator.calibrate`, with a progress bar
+    on a terminal."""
+    from tqdm import tqdm
+
+    from disco_xla.simulator import calibrate
+
+    sizes = [s for s in calibrate.SIZES_BYTES if s <= args.max_bytes]
+    quiet = args.json or not sys.stderr.isatty()
+    probes = sum(map(len, calibrate.sizes_by_kind(sizes).values()))
+    with (
+        cpus_awake_if_asked(args, "calibrate") as awake,
+        tqdm(total=probes + 1, disable=quiet, desc="calibrating", leave=False) as bar,
+    ):
+        if args.processes:
+            runtime = "multi-process jax.distributed, gloo on loopback"
+            collective_steps, tuple_element_s, step = calibrate.measure_multi_process(
+                args.processes, sizes, args.repeats
+            )
+            bar.update(probes)
+        else:
+            runtime = "one process, N CPU devices"
+            collective_steps, tuple_element_s, step = calibrate.measure_in_process(
+                workers, sizes, args.repeats, lambda: bar.update(1)
+            )
+        flops, bandwidth = calibrate.measure_device()
+        bar.update(1)
+    if awake:
+        runtime += ", idle CPUs kept polling (--keep-cpus-awake)"
+    return runtime, collective_steps, tuple_element_s, step, flops, bandwidth
+
+
+def _write_profile(path: str, profile: dict) -> None:
+    import yaml
+
+    try:
+        with open(path, "w") as file:
+            file.write(PROFILE_HEADER)
+            yaml.safe_dump(profile, file, sort_keys=False)
+    except OSError as error:
+        raise DiscoInputError(path, f"cannot write it ({error.strerror})") from None
+
+
+def _fit_report(fit, collectives: dict) -> dict:
+    """The ring model's fit and the other collectives' in-step points, as reported."""
+    return {
+        "alpha_s": fit.alpha_s,
+        "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
+        "max_relative_residual": fit.max_relative_residual,
+        "points": fit.points,
+        "collective_points": {
+            kind: [{"bytes": size, "in_step_s": seconds} for size, seconds in points]
+            for kind, points in collectives.items()
+        },
+    }
+
+
+def _device_report(flops: float, bandwidth: float, tuple_element_s: float, step) -> dict:
+    """The device's and the step's measured costs, as reported."""
+    return {
+        "peak_flops_f32": flops,
+        "memory_bandwidth_bytes_per_s": bandwidth,
+        "tuple_all_reduce_element_s": tuple_element_s,
+        "step_overhead_s": step.step_overhead_s,
+        "step_buffer_s": step.step_buffer_s,
+        "empty_step_s": step.empty_step_s,
+        "kernel_time_scale": step.kernel_time_scale,
+        "all_reduce_in_step_s": step.all_reduce_in_step_s,
+        "collective_in_step_s": step.collective_in_step_s,
+        "worker_lag": step.worker_lag,
+    }
+
+
+def print_calibration(report: dict) -> None:
+    """`disco-xla calibrate`'s report as text."""
+    print(f"all-reduce over {report['workers']} workers ({report['runtime']}):")
+    alpha_us, bandwidth_gb_s = report["alpha_s"] * 1e6, report["bandwidth_bytes_per_s"] / 1e9
+    print(f"  alpha {alpha_us:.1f} us per step, B {bandwidth_gb_s:.3f} GB/s")
+    for point in report["points"]:
+        print(
+            f"  {point['bytes']:>11,} B  measured {point['measured_s'] * 1e3:9.3f} ms  "
+            f"fitted {point['fitted_s'] * 1e3:9.3f} ms  ({point['relative_residual']:+.0%})"
+        )
+    for kind, points in report["collective_points"].items():
+        times = ", ".join(f"{p['bytes']:,} B {p['in_step_s'] * 1e3:.3f} ms" for p in points)
+        print(f"  {kind}: {times}")
+    element_us = report["tuple_all_reduce_element_s"] * 1e6
+    print(f"  each tensor of a tuple all-reduce adds {element_us:.1f} us")
+    print(
+        f"  a step costs {report['step_overhead_s'] * 1e6:.1f} us + "
+        f"{report['step_buffer_s'] * 1e6:.2f} us per argument or result "
+        f"(an empty step: {report['empty_step_s'] * 1e6:.1f} us)"
+    )
+    if report["all_reduce_in_step_s"] is not None:
+        print(
+            f"  a 4 KB all-reduce adds {report['all_reduce_in_step_s'] * 1e6:.1f} us to a "
+            "computing step (the points above are as they add to one)"
+        )
+    print(f"  kernels take {report['kernel_time_scale']:.2f}x their profiled time on shared cores")
+    print(
+        f"  at a collective the slowest worker is {report['worker_lag']:.2f} of the kernel "
+        "time since the workers last met behind"
+    )
+    boundary = report["fusion_boundary_probe"]
+    print(
+        f"  a kernel boundary costs {boundary['fusion_boundary_s'] * 1e6:.2f} us beyond its "
+        f"modelled kernel ({boundary['boundaries']} boundaries: {boundary['xla_s'] * 1e3:.3f} ms "
+        f"-> {boundary['split_s'] * 1e3:.3f} ms, "
+        f"modelled +{boundary['modelled_extra_s'] * 1e3:.3f} ms)"
+    )
+    flops, bandwidth = report["peak_flops_f32"], report["memory_bandwidth_bytes_per_s"]
+    print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
+    print(f"wrote {report['profile']}")

@@ -1,0 +1,196 @@
+"""`disco-xla optimize FILE -o OUT`: search for the plan with the lowest
+simulated time, beside every baseline; with `-o MODULE`, also apply it, checked
+and measured on this machine. The flags' defaults are `settings.DEFAULTS`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from disco_xla.cli.apply import add_write_checks, write_checked, written_line
+from disco_xla.cli.shared import load_for_planning, use_devices
+from disco_xla.cli.simulate import COST_MODELS
+from disco_xla.errors import DiscoInputError
+from disco_xla.settings import DEFAULTS
+
+
+def add_parser(commands, common: argparse.ArgumentParser) -> None:
+    optimize = commands.add_parser(
+        "optimize", parents=[common], help="search for the plan with the lowest simulated time"
+    )
+    optimize.add_argument("file")
+    optimize.add_argument("--cluster", required=True, help="profile name or YAML path")
+    optimize.add_argument(
+        "--budget-s", type=float, default=DEFAULTS.budget_s, help="search time budget"
+    )
+    optimize.add_argument(
+        "--max-evals", type=int, default=DEFAULTS.max_evaluations, help="plans to simulate at most"
+    )
+    optimize.add_argument(
+        "--alpha", type=float, default=DEFAULTS.alpha, help="keep children below alpha x best"
+    )
+    optimize.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    optimize.add_argument("--cost-model", choices=COST_MODELS, default=DEFAULTS.cost_model)
+    optimize.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
+    optimize.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="PLAN.json, or a module path (.pb, .txt, ...) to search and apply in one go",
+    )
+    optimize.add_argument(
+        "--candidates",
+        type=int,
+        default=DEFAULTS.candidates,
+        help="with -o MODULE: measure the search's best K plans, the first one's buckets "
+        f"alone and the best baseline, and write the fastest (default {DEFAULTS.candidates})",
+    )
+    optimize.add_argument(
+        "--measure-budget-s",
+        type=float,
+        default=DEFAULTS.measure_budget_s,
+        help="the most the timed rounds of that measurement may take "
+        f"(default {DEFAULTS.measure_budget_s:g})",
+    )
+    optimize.add_argument(
+        "--measure",
+        action="store_true",
+        help="with -o PLAN.json: time the candidates on this machine as -o MODULE does, "
+        "and write the plan of the fastest that computes the same",
+    )
+    optimize.add_argument("--report", help="write an HTML report here")
+    optimize.add_argument("--json", action="store_true")
+    add_write_checks(optimize)
+    optimize.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
+    from disco_xla.search.compare import comparison_summary, format_table
+    from disco_xla.simulator.cost_models import make_cost_model
+    from disco_xla.simulator.profiles import load_profile
+
+    module = load_for_planning(args.file)
+    profile = load_profile(args.cluster)
+    cost_model = make_cost_model(args.cost_model, profile, args.table)
+    use_devices(module)
+    comparison = _search(args, module, profile, cost_model)
+    best = comparison.found
+    plan_path = args.output if args.output.endswith(".json") else args.output + ".plan.json"
+    _write_plan(plan_path, best.plan)
+    written = None
+    writes_module = plan_path != args.output  # -o names a module: search and apply in one go
+    if writes_module or args.measure:
+        written = write_checked(module, best.plan, plan_path, args, comparison, writes_module)
+        if written.plan is not None and written.plan != best.plan:
+            # Measured faster than the search's first choice: its plan is the one kept.
+            _write_plan(plan_path, written.plan)
+    if args.report:
+        from disco_xla.report import write_report
+
+        write_report(args.report, module, profile, comparison.results, best.plan)
+    report = {
+        **comparison_summary(comparison),
+        "cost_model": cost_model.name,
+        "cluster": profile.name,
+        "plan": plan_path,
+    }
+    if written is not None:
+        report["measured"] = written.measured()
+        report["written"] = written.written
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(
+        f"{module.name} on {profile.name}, cost model {cost_model.name}: "
+        f"{best.evaluations} plans evaluated in {best.search_s:.1f} s; every plan below is "
+        "simulated over the captured module (XLA's kernels mapped back onto it)"
+    )
+    print(format_table(comparison))
+    print(f"wrote {plan_path}")
+    if written is not None:
+        print(written_line(args.output, written, "wrote" if writes_module else "measured for"))
+        _print_candidates(written)
+    return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    if args.budget_s <= 0 or args.max_evals <= 0:
+        raise DiscoInputError("optimize", "--budget-s and --max-evals must be positive")
+    if args.alpha < 1:
+        raise DiscoInputError("optimize", "--alpha must be at least 1")
+    if args.measure and args.no_check:
+        raise DiscoInputError("optimize", "--measure runs the candidates; --no-check does not")
+    if args.candidates < 1 or args.measure_budget_s <= 0:
+        raise DiscoInputError(
+            "optimize", "--candidates must be at least 1 and --measure-budget-s positive"
+        )
+
+
+def _search(args: argparse.Namespace, module, profile, cost_model):
+    """`compare_plans` from XLA's fusion with its all-reduce combiner off (where
+    every baseline starts), a progress bar per search on a terminal."""
+    from tqdm import tqdm
+
+    from disco_xla.runtime.apply import NO_COMBINER
+    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.search.compare import compare_plans
+
+    separate = compile_module(module, NO_COMBINER)
+    quiet = args.json or not sys.stderr.isatty()
+    bars = []
+
+    def on_search(label: str):
+        bar = tqdm(total=args.max_evals, disable=quiet, desc=label, leave=False)
+        bars.append(bar)
+
+        def progress(evaluations: int, best_s: float) -> None:
+            bar.update(evaluations - bar.n)
+            bar.set_postfix_str(f"best {best_s * 1e3:.3f} ms")
+
+        return progress
+
+    try:
+        return compare_plans(
+            module,
+            separate,
+            profile,
+            cost_model,
+            alpha=args.alpha,
+            budget_s=args.budget_s,
+            max_evaluations=args.max_evals,
+            seed=args.seed,
+            on_search=on_search,
+            keep=args.candidates,
+        )
+    finally:
+        for bar in bars:
+            bar.close()
+
+
+def _write_plan(path: str, plan) -> None:
+    try:
+        with open(path, "w") as file:
+            file.write(plan.to_json())
+    except OSError as error:
+        raise DiscoInputError(path, f"cannot write it ({error.strerror})") from None
+
+
+def _print_candidates(written) -> None:
+    """Each measured candidate's times against XLA's own program, a line each."""
+    if written.original_s is None:
+        return
+    print(f"  xla (XLA's own program)  measured {written.original_s * 1e3:.3f} ms")
+    for label, entry in written.candidates.items():
+        if "seconds" not in entry:
+            why = entry.get("error") or f"the same program as the {entry.get('same_as')}"
+            print(f"  {label:24s} {why}")
+            continue
+        simulated = entry.get("simulated_s")
+        print(
+            f"  {label:24s} measured {entry['seconds'] * 1e3:.3f} ms "
+            f"({written.original_s / entry['seconds']:.2f}x XLA's speed)"
+            + (f", simulated {simulated * 1e3:.3f} ms" if simulated is not None else "")
+            + ("" if entry["equal"] else ", outputs differ")
+        )

@@ -1,0 +1,84 @@
+"""What several commands share: loading a module for planning and a plan for it,
+giving XLA the CPU devices a module runs on, and holding the CPUs awake while
+measuring."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+
+from disco_xla.errors import DiscoInputError
+
+
+def use_devices(module) -> None:
+    """Give XLA:CPU as many devices as `module` runs on (before JAX starts its backend)."""
+    import jax
+
+    from disco_xla.runtime.xla_runner import devices_needed
+
+    jax.config.update("jax_num_cpu_devices", devices_needed(module))
+
+
+def load_for_planning(path: str):
+    """The module at `path` as plans are made for it: a module that XLA's SPMD
+    partitioner splits (a sharded `jax.jit` step dumped before optimisation)
+    is partitioned first, by XLA, since its all-reduces exist only after that."""
+    from disco_xla.hlo_passes.hlo_io import load_module
+
+    module = load_module(path)
+    if not module.needs_partitioning:
+        return module
+    from disco_xla.runtime.xla_runner import partition_module
+
+    use_devices(module)
+    try:
+        return partition_module(module)
+    except Exception as error:  # noqa: BLE001 - XLA's own errors, one line
+        raise DiscoInputError(
+            path, f"XLA's SPMD partitioner cannot split it here ({first_line(error)})"
+        ) from None
+
+
+def load_plan(path: str):
+    """The `Plan` in the JSON file at `path`."""
+    from disco_xla.plan import Plan
+
+    try:
+        with open(path) as file:
+            text = file.read()
+    except OSError as error:
+        raise DiscoInputError(path, f"cannot read the plan ({error.strerror})") from None
+    return Plan.from_json(text, path)
+
+
+def first_line(error: BaseException) -> str:
+    """`error`'s message on one line, at most 200 characters."""
+    return " ".join(str(error).split())[:200]
+
+
+@contextlib.contextmanager
+def cpus_awake_if_asked(args: argparse.Namespace, command: str) -> Iterator[bool]:
+    """`timing.cpus_kept_awake` around a measurement when --keep-cpus-awake asks
+    for it (a one-line error where it cannot be held); yields whether it is held."""
+    if not args.keep_cpus_awake:
+        yield False
+        return
+    from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
+
+    with cpus_kept_awake() as held:
+        if not held:
+            raise DiscoInputError(
+                command, f"--keep-cpus-awake needs write access to {CPU_LATENCY_DEVICE}"
+            )
+        yield True
+
+
+def add_keep_cpus_awake(parser: argparse.ArgumentParser) -> None:
+    """The --keep-cpus-awake option of a command that measures."""
+    parser.add_argument(
+        "--keep-cpus-awake",
+        action="store_true",
+        help="hold the CPUs' wake-up latency at 0 while measuring (Linux PM QoS; needs "
+        "write access to /dev/cpu_dma_latency), for runs made under the same setting",
+    )

@@ -1,0 +1,115 @@
+"""`disco-xla simulate FILE`: simulate one training iteration of a plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from disco_xla.cli.shared import load_for_planning, load_plan, use_devices
+from disco_xla.settings import DEFAULTS
+
+COST_MODELS = ["roofline", "table", "gnn"]
+
+
+def add_parser(commands, common: argparse.ArgumentParser) -> None:
+    simulate = commands.add_parser(
+        "simulate", parents=[common], help="simulate one training iteration of a plan"
+    )
+    simulate.add_argument("file", help="HLO module of a data-parallel training step")
+    simulate.add_argument("--cluster", required=True, help="profile name or YAML path")
+    simulate.add_argument(
+        "--plan",
+        default="none",
+        help="a baseline (none, xla, xla-overlap, xla-nocombine, horovod, horovod-legacy, "
+        "ddp, mgwfbp) or a PLAN.json",
+    )
+    simulate.add_argument("--cost-model", choices=COST_MODELS, default=DEFAULTS.cost_model)
+    simulate.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
+    simulate.add_argument("--json", action="store_true", help="print one JSON object")
+    simulate.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
+    simulate.add_argument("--plot", help="write a PNG Gantt chart here")
+    simulate.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from disco_xla.plan import verify_plan
+    from disco_xla.search.baselines import BASELINES, baseline
+    from disco_xla.simulator.cost_models import TableCostModel, make_cost_model
+    from disco_xla.simulator.events import simulate
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.profiles import load_profile
+    from disco_xla.simulator.trace import chrome_trace, plot_gantt
+
+    module = load_for_planning(args.file)
+    profile = load_profile(args.cluster)
+    cost_model = make_cost_model(args.cost_model, profile, args.table)
+    note = ""
+    if args.plan in BASELINES:
+        compiled = {}
+        if args.plan != "none":
+            from disco_xla.runtime.apply import NO_COMBINER
+            from disco_xla.runtime.xla_runner import compile_module
+
+            use_devices(module)
+            compiled = {
+                "compiled_combined": compile_module(module),
+                "compiled_separate": compile_module(module, NO_COMBINER),
+            }
+        chosen = baseline(
+            args.plan,
+            module,
+            compiled.get("compiled_combined"),
+            compiled.get("compiled_separate"),
+            profile,
+            cost_model,
+        )
+        module, plan, note = chosen.module, chosen.plan, chosen.note
+        task_graph = chosen.task_graph  # run as the baseline runs (tuples, blocking)
+    else:
+        plan = load_plan(args.plan)
+
+        def task_graph():
+            return build_task_graph(module, plan)
+
+    verify_plan(plan, module, source=args.plan)
+    result = simulate(task_graph(), profile, cost_model)
+    summary = {"plan": args.plan, "plan_note": note, "cluster": profile.name, **result.summary()}
+    if isinstance(cost_model, TableCostModel):
+        summary["table_misses"] = cost_model.misses
+    if args.trace:
+        with open(args.trace, "w") as file:
+            json.dump(chrome_trace(result), file)
+    if args.plot:
+        plot_gantt({args.plan: result}, args.plot)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_result(args.plan, module, profile, summary, result)
+    return 0
+
+
+def _print_result(plan_name: str, module, profile, summary: dict, result) -> None:
+    """The simulated iteration as text: times, busy and exposed, and the critical path."""
+    milli = 1e3
+    print(
+        f"{module.name} on {profile.name} ({profile.workers} workers, {summary['execution']}), "
+        f"plan {plan_name}, cost model {summary['cost_model']}"
+    )
+    print(
+        f"  iteration      {result.iteration_s * milli:.3f} ms  "
+        f"(T/T_ideal {result.t_over_ideal:.2f}, ideal {result.ideal_s * milli:.3f} ms)"
+    )
+    print(f"  compute busy   {result.compute_s * milli:.3f} ms in {result.kernels} kernels")
+    print(
+        f"  comm busy      {result.comm_s * milli:.3f} ms in {result.buckets} buckets"
+        f"{_others(result.collectives - result.buckets)}, "
+        f"{result.exposed_comm_s * milli:.3f} ms exposed ({result.overlap_ratio:.0%} overlapped)"
+    )
+    print(f"  critical path  {' -> '.join(result.critical_path[-6:])}")
+
+
+def _others(count: int) -> str:
+    """' and N other collectives' when there are any."""
+    if not count:
+        return ""
+    return f" and {count} other collective{'s' if count != 1 else ''}"

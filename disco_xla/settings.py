@@ -1,0 +1,42 @@
+"""`OptimizeSettings`: everything that decides which plan a module gets and how
+it is chosen, and the one place their defaults are written. The search, the
+CLI's flags, the env hook's flags, `disco_xla.jit` and `disco_xla.tf_function`
+all read their defaults from here. Plain data: it imports nothing of disco-xla."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class OptimizeSettings:
+    """What a search is asked for, and how its candidates are measured."""
+
+    cluster: str = "cpu-local"  # a profile name or a YAML path
+    budget_s: float = 30.0  # wall-clock search budget
+    max_evaluations: int = 300  # plan evaluations; with the seed, what makes plans reproducible
+    alpha: float = 1.05  # the search's relaxation: explore plans up to alpha x the best
+    seed: int = 0
+    cost_model: str = "roofline"
+    cache_dir: str | None = None  # None: ~/.cache/disco_xla
+    use_cache: bool = True
+    check_speed: bool = True  # time the candidates on first call; keep the fastest
+    candidates: int = 4  # the search's best plans measured (with the best baseline)
+    measure_budget_s: float = 60.0  # wall-clock cap on timing the candidates
+
+    def search_options(self) -> dict:
+        """The options that change the search result (the cache key's part)."""
+        options = asdict(self)
+        for local_only in (
+            "cluster",
+            "cache_dir",
+            "use_cache",
+            "check_speed",
+            "candidates",
+            "measure_budget_s",
+        ):
+            options.pop(local_only)
+        return options
+
+
+DEFAULTS = OptimizeSettings()

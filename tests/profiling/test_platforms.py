@@ -1,0 +1,147 @@
+"""GPU readiness of the profiling path, tested on the CPU: the platform named
+reaches the runner and the trace's planes, `profile --platform gpu` without a GPU
+is one line and exit code 2, and `benchmarks/gpu_profile.sh` stops at once,
+with a clear message, where there is no GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import time
+
+import pytest
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.profiling.kernel_times import KERNEL_PLANES, hlo_op, instruction_runs
+from disco_xla.profiling.sample_plans import measure_xla_compiled
+from disco_xla.runtime.xla_runner import available_devices
+from tests.conftest import REPO_ROOT, run_cli
+
+no_gpu = pytest.mark.skipif(bool(available_devices("gpu")), reason="JAX sees a GPU here")
+SCRIPT = os.path.join(REPO_ROOT, "benchmarks", "gpu_profile.sh")
+
+
+def test_profiling_on_the_cpu_named_explicitly_measures_its_kernels(captured):
+    module = HloModule.from_bytes(captured["jax_shard_map_step"][0])
+    samples = measure_xla_compiled(module, "sm.tiny", "sm", repeats=2, platform="cpu")
+    assert samples and all(s.time_s > 0 for s in samples)
+    assert {s.plan_kind for s in samples} == {"xla-compiled"}
+
+
+@no_gpu
+def test_profiling_on_a_gpu_without_one_is_refused_in_one_line(captured):
+    module = HloModule.from_bytes(captured["jax_shard_map_step"][0])
+    with pytest.raises(DiscoInputError, match="^gpu: no GPU devices are available"):
+        measure_xla_compiled(module, "sm.tiny", "sm", repeats=2, platform="gpu")
+
+
+def test_gpu_kernels_are_named_by_their_thunks_annotation():
+    assert KERNEL_PLANES["gpu"] == ("/device:GPU:",)
+    annotation = "jit_step:#hlo_module=jit_step#::Thunk:#hlo_op=custom-call.3,hlo_module=jit_step#"
+    assert hlo_op("sm90_xmma_gemm_f32", {"kernel_annotation": annotation}, "gpu") == "custom-call.3"
+    assert hlo_op("loop_add_fusion", {}, "gpu") == "loop_add_fusion"
+    assert hlo_op("fusion.2", {"hlo_op": "fusion.2"}, "cpu") == "fusion.2"
+    assert hlo_op("ThreadpoolListener", {}, "cpu") is None
+
+
+def test_consecutive_kernels_of_one_instruction_are_one_run_on_a_gpu_only():
+    gemm = {"kernel_annotation": "Thunk:#hlo_op=dot.1#"}
+    events = [("k1", gemm, 1.0), ("k2", gemm, 2.0), ("f", {}, 0.5), ("k1", gemm, 1.5)]
+    assert instruction_runs(events, "gpu") == [("dot.1", 3.0), ("f", 0.5), ("dot.1", 1.5)]
+    cpu_events = [("dot.1", {"hlo_op": "dot.1"}, 1.0), ("dot.1", {"hlo_op": "dot.1"}, 2.0)]
+    assert instruction_runs(cpu_events, "cpu") == [("dot.1", 1.0), ("dot.1", 2.0)]
+
+
+@no_gpu
+def test_profile_command_on_a_gpu_without_one_exits_2_in_one_line(module_files, tmp_path):
+    out = tmp_path / "gpu.npz"
+    result = run_cli(
+        "profile", module_files["jax_pmap_step"], "--platform", "gpu", "--out", str(out)
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("disco-xla: error: gpu: no GPU devices are available")
+    assert "JAX has 0" in lines[0] and "needs 4" in lines[0]
+    assert not out.exists()
+
+
+def test_profile_command_on_the_cpu_named_explicitly_and_learning(module_files, tmp_path):
+    """`--learn CLUSTER` keeps each distinct kernel's measured time in the plan
+    cache, under that profile's machine key, for the next search there."""
+    from disco_xla.plan_cache import PlanCache, machine_key
+    from disco_xla.profiling.dataset import load_dataset
+    from disco_xla.simulator.profiles import load_profile
+
+    out = tmp_path / "cpu.npz"
+    result = run_cli(
+        "profile", module_files["jax_shard_map_step"], "--platform", "cpu", "--plans", "1",
+        "--repeats", "1", "--out", str(out), "--learn", "cpu-local",
+        "--cache-dir", str(tmp_path / "cache"), "--json", timeout_s=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["platform"] == "cpu" and report["samples"] > 0
+    dataset = load_dataset(str(out))
+    learned = PlanCache(tmp_path / "cache").kernel_times(machine_key(load_profile("cpu-local")))
+    pairs = zip(dataset.structural_hash, dataset.time_s, strict=True)
+    measured = {str(h) for h, s in pairs if s > 0}
+    assert report["learned_kernels"] == len(learned) > 0 and set(learned) == measured
+    refused = run_cli(
+        "profile", module_files["jax_shard_map_step"], "--learn", "no-such-cluster",
+        "--out", str(out),
+    )  # fmt: skip
+    assert refused.returncode == 2 and "no-such-cluster" in refused.stderr
+
+
+def _run_script(tmp_path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", SCRIPT, str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+        env={**os.environ, "DATA": str(tmp_path / "data"), **env},
+    )
+
+
+def test_gpu_profile_script_without_nvidia_smi_stops_at_once(tmp_path):
+    start = time.perf_counter()
+    result = _run_script(tmp_path, NVIDIA_SMI=str(tmp_path / "no-such-nvidia-smi"))
+    assert time.perf_counter() - start < 30
+    assert result.returncode == 2
+    assert "no GPU is present" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "model").exists() and not (tmp_path / "data").exists()
+
+
+@no_gpu
+def test_gpu_profile_script_stops_where_jax_sees_no_gpu(tmp_path):
+    """nvidia-smi may list a GPU that JAX cannot use (a jaxlib without CUDA)."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H200 (UUID: GPU-test)"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    start = time.perf_counter()
+    result = _run_script(tmp_path, NVIDIA_SMI=str(fake))
+    assert time.perf_counter() - start < 30
+    assert result.returncode == 2
+    assert "JAX sees no GPU devices" in result.stderr
+    assert not (tmp_path / "model").exists()
+
+
+def test_gpu_profile_script_passes_only_flags_the_commands_take():
+    """Every `--flag` the script gives `disco-xla capture`, `profile` and
+    `train-cost-model` is one that command's --help lists."""
+    lines = open(SCRIPT).read().replace("\\\n", " ").splitlines()
+    for command in ("capture", "profile", "train-cost-model"):
+        calls = [m for line in lines if (m := re.search(rf'disco-xla"\s+{command}\s.*', line))]
+        assert len(calls) == 1, command
+        flags = re.findall(r"\s(--[a-z-]+)", calls[0].group(0))
+        assert flags, command
+        help_text = run_cli(command, "--help").stdout
+        for flag in flags:
+            assert flag in help_text, (command, flag)
