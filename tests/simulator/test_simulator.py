@@ -269,3 +269,20 @@ def test_simulate_refuses_a_plan_for_another_module(module_files, tmp_path):
     )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert "another module" in result.stderr and str(plan_path) in result.stderr
+
+
+def test_the_table_prices_kernels_it_has_not_measured_with_its_fallback(module):
+    """Measured times first; a kernel the table lacks gets the roofline's time
+    (batched or one at a time alike) and is counted as a miss."""
+    profile = load_profile("cpu-local")
+    roofline = RooflineCostModel(profile)
+    graph = build_task_graph(module, Plan.unfused(module))
+    measured = {k.structural_hash: 1.0 for k in graph.kernels if k.name.startswith("grad")}
+    table = TableCostModel(measured, roofline)
+    expected = [
+        1.0 if k.structural_hash in measured else roofline.kernel_s(k) for k in graph.kernels
+    ]
+    assert table.kernels_s(graph) == pytest.approx(expected)
+    assert [table.kernel_s(k) for k in graph.kernels] == pytest.approx(expected)
+    unseen = sum(k.structural_hash not in measured for k in graph.kernels)
+    assert 0 < unseen < len(graph.kernels) and table.misses == 2 * unseen

@@ -1,0 +1,181 @@
+"""Learning from a measured run: does a second search, after the kernels of one
+run were measured on this machine, choose better than the first? (issue 16, item 3)
+
+For each model (captured as in `fusion_boundary_cost.py`: 4 CPU devices in one
+process):
+
+1. the first search: `planning.find_plan` with an empty plan cache (the roofline,
+   the profile's boundary charge);
+2. one measured run: the kernels of the first search's plan and of XLA's own
+   fusion, each group timed under the profiler (`profiling.sample_plans.
+   measure_plan`), kept in the plan cache for this machine
+   (`planning.learn_kernel_times`, by structural hash);
+3. the second search: `find_plan` again, which now trusts the measured kernel
+   times and prices the others with the roofline;
+4. every candidate program of `rank_fidelity.py` (baselines, the first plan, its
+   buckets alone, sampled plans) and the second plan, measured together on the
+   same inputs in rotating rounds (`runtime.apply.time_candidates`), and
+   simulated once with the roofline and once with the learned times.
+
+It prints each search's regret (its plan's measured time over the fastest
+program's, minus one) and the simulator's Kendall τ and top-1 regret over the
+programs, before and after learning. Target (issue 16): the second search's
+regret below the first's.
+
+    .venv/bin/python benchmarks/learned_regret.py [--models resnet50 gpt2_small ...]
+        [--cluster cpu-local-inprocess] [--plans 8] [--rounds 7] [--max-evals 300]
+        [--repeats 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+DEVICES = 4
+
+
+def learned_times(module, plans: dict, repeats: int) -> dict[str, float]:
+    """{structural hash: median seconds} of the groups of `plans` (label ->
+    plan), each plan's groups timed under the profiler."""
+    from disco_xla.profiling.sample_plans import measure_plan
+
+    samples: dict[str, list[float]] = {}
+    for label, plan in plans.items():
+        for sample in measure_plan(module, plan, label, module.name, module.name, repeats):
+            if sample.time_s > 0:
+                samples.setdefault(sample.structural_hash, []).append(sample.time_s)
+    return {kernel: statistics.median(times) for kernel, times in samples.items()}
+
+
+def simulated_times(module, plans: dict, profile, table: dict | None, xla_graph) -> dict:
+    """Each plan's simulated step time (the roofline, or `table` first), and
+    XLA's own program's under 'xla'."""
+    from disco_xla.planning import xla_own_groups
+    from disco_xla.simulator.cost_models import (
+        RooflineCostModel,
+        TableCostModel,
+        boundary_charged,
+    )
+    from disco_xla.simulator.events import simulate
+    from disco_xla.simulator.kernels import build_task_graph
+
+    model = RooflineCostModel(profile)
+    if table:
+        model = TableCostModel(table, fallback=model)
+    model = boundary_charged(model, profile, xla_own_groups(module))
+    seconds = {
+        label: simulate(build_task_graph(module, plan), profile, model).iteration_s
+        for label, plan in plans.items()
+    }
+    seconds["xla"] = simulate(xla_graph, profile, model).iteration_s
+    return seconds
+
+
+def measure(name: str, args) -> dict:
+    """One model's row."""
+    import jax
+    from fusion_boundary_cost import captured
+    from rank_fidelity import candidate_plans, distinct_programs
+
+    from disco_xla.planning import find_plan, learn_kernel_times
+    from disco_xla.runtime.apply import NO_COMBINER, time_candidates
+    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.search.baselines import captured_baselines
+    from disco_xla.search.ranking import rank_fidelity
+    from disco_xla.settings import OptimizeSettings
+    from disco_xla.simulator.cost_models import RooflineCostModel
+    from disco_xla.simulator.profiles import load_profile
+
+    module = captured(name)
+    profile = load_profile(args.cluster)
+    baselines = captured_baselines(
+        module, compile_module(module, NO_COMBINER), profile, RooflineCostModel(profile)
+    )
+    with tempfile.TemporaryDirectory() as cache_dir:
+        settings = OptimizeSettings(
+            cluster=args.cluster, max_evaluations=args.max_evals, budget_s=1e9, cache_dir=cache_dir
+        )
+        first = find_plan(module, settings).plan
+        measured_run = {"first": first, "xla-nocombine": baselines["xla-nocombine"].plan}
+        table = learned_times(module, measured_run, args.repeats)
+        learn_kernel_times(settings, table)
+        second = find_plan(module, settings).plan
+    plans = candidate_plans(module, baselines, first, args.plans)
+    plans = {"first": plans.pop("found"), "second": second, **plans}
+    programs, plans, left_out = distinct_programs(module, plans, args.plans)
+    xla_s, results = time_candidates(module, programs, jax.device_count(), args.rounds, 0, ())
+    measured = {label: result.seconds for label, result in results.items()}
+    measured["xla"] = xla_s
+    xla_graph = baselines["xla"].task_graph()
+    before = simulated_times(module, plans, profile, None, xla_graph)
+    after = simulated_times(module, plans, profile, table, xla_graph)
+    fastest_s = min(measured.values())
+    same_as = {label: why.removeprefix("the same program as ") for label, why in left_out.items()}
+    regret = {
+        search: measured[same_as.get(search, search)] / fastest_s - 1
+        for search in ("first", "second")
+    }
+    return {
+        "model": name,
+        "cluster": args.cluster,
+        "learned_kernels": len(table),
+        "first_search_regret": regret["first"],
+        "second_search_regret": regret["second"],
+        "second_same_as": same_as.get("second"),
+        "before": _fidelity(rank_fidelity(before, measured)),
+        "after": _fidelity(rank_fidelity(after, measured)),
+        "equal": {label: bool(result.outputs.equal) for label, result in results.items()},
+        "measured_s": measured,
+    }
+
+
+def _fidelity(fidelity) -> dict:
+    return {
+        "kendall_tau": fidelity.kendall_tau,
+        "top1_regret": fidelity.top1_regret,
+        "simulator_choice": fidelity.simulator_choice,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet50", "gpt2_small"])
+    parser.add_argument("--cluster", default="cpu-local-inprocess")
+    parser.add_argument("--plans", type=int, default=8, help="distinct programs, at least")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--max-evals", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5, help="profiled steps per plan")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", DEVICES)
+    rows = [measure(name, args) for name in args.models]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    for row in rows:
+        print(
+            f"{row['model']} ({row['learned_kernels']} kernels learned): search regret "
+            f"{row['first_search_regret']:.1%} first, {row['second_search_regret']:.1%} second"
+            + (f" (the same program as {row['second_same_as']})" if row["second_same_as"] else "")
+        )
+        for when in ("before", "after"):
+            figures = row[when]
+            print(
+                f"  simulator {when} learning: tau {figures['kendall_tau']:.2f}, top-1 regret "
+                f"{figures['top1_regret']:.1%} (chose {figures['simulator_choice']})"
+            )
+
+
+if __name__ == "__main__":
+    main()
