@@ -39,6 +39,7 @@ from disco_xla.wrapped_step import (
     TIMING_ROUNDS,
     DiscoFallbackWarning,
     WrappedStep,
+    fastest_label,
     one_line,
     slower_status,
 )
@@ -414,9 +415,7 @@ class _Trial:
         answers = gather(f"step{self.step}/timing", json.dumps(local), self.wait_s)
         every = [json.loads(answer) for answer in answers]
         self.measured_s = {label: sum(a[label] for a in every) / len(every) for label in calls}
-        best = min(labels, key=lambda label: (self.measured_s[label], labels.index(label)))
-        status = slower_status(self.measured_s["original"], self.measured_s[best], best)
-        return "original" if status is not None else best
+        return fastest_label(self.measured_s, labels)
 
     def timing_of(self, chosen: str) -> tuple[float, float] | None:
         """(original, chosen) median seconds per step, when they were timed."""
@@ -426,11 +425,13 @@ class _Trial:
 
     def status_of(self, label: str) -> str:
         """The status of a signature that runs the `label` candidate."""
-        plan_equal = self.verdicts.get("plan", False)
+        # Timed and the plan not refused (it may not have been tried: a cached
+        # measurement chose the buckets alone).
+        won_on_time = self.verdicts.get("plan") is not False and "buckets" in self.measured_s
         described = {
             "plan": "",
             "buckets": "buckets only: "
-            + ("measured fastest" if plan_equal else "the plan's fusion changed results"),
+            + ("measured fastest" if won_on_time else "the plan's fusion changed results"),
         }.get(label, f"{label}, measured fastest")
         differing = ""
         if self.against == "reference":

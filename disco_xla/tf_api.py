@@ -69,6 +69,7 @@ from disco_xla.wrapped_step import (
     TIMING_ROUNDS,
     DiscoFallbackWarning,
     WrappedStep,
+    fastest_label,
     one_line,
     slower_status,
 )
@@ -337,9 +338,7 @@ class _TfCandidates:
         finally:
             _assign_variables(layout, flat, concrete, saved)
         self.steps = steps
-        best = min(labels, key=lambda label: (self.measured_s[label], labels.index(label)))
-        status = slower_status(self.measured_s["original"], self.measured_s[best], best)
-        return "original" if status is not None else best
+        return fastest_label(self.measured_s, labels)
 
     def finish(self, signature: _Signature, chosen: str) -> None:
         """Fill `signature` with the chosen program (or the original's status),

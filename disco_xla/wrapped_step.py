@@ -82,3 +82,11 @@ def slower_status(original_s: float, rewritten_s: float, chosen: str) -> str | N
         f"original: faster here ({original_s * 1e3:.3f} ms per step "
         f"against {rewritten_s * 1e3:.3f} ms for {chosen})"
     )
+
+
+def fastest_label(measured_s: dict[str, float], labels: list[str]) -> str:
+    """The label of `labels` with the least measured time (the earlier one on a
+    tie), or 'original' when it is not strictly faster than `measured_s['original']`
+    (`slower_status`'s rule)."""
+    best = min(labels, key=lambda label: (measured_s[label], labels.index(label)))
+    return best if measured_s[best] < measured_s["original"] else "original"
