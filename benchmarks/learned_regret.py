@@ -1,30 +1,37 @@
-"""Learning from a measured run: does a second search, after the kernels of one
-run were measured on this machine, choose better than the first? (issue 16, item 3)
+"""Learning from a measured run: does a second search, after one measured run on
+this machine, choose better than the first? (issue 16, item 3)
 
-For each model (captured as in `fusion_boundary_cost.py`: 4 CPU devices in one
-process):
+For each model (captured as in `fusion_boundary_cost.py` for 4 CPU devices):
 
 1. the first search: `planning.find_plan` with an empty plan cache (the roofline,
    the profile's boundary charge);
-2. one measured run: the kernels of the first search's plan and of XLA's own
-   fusion, each group timed under the profiler (`profiling.sample_plans.
-   measure_plan`), kept in the plan cache for this machine
+2. one measured run, as a first call of `disco_xla.jit` makes it: the search's
+   candidates (its best plans, the best baseline) and XLA's own program timed
+   together on the same inputs in rotating rounds; their step times go to the
+   plan cache (`planning.remember_measurement`), from which the next search
+   fits what each collective's message costs in a step here
+   (`simulator.step_time_fit`). In one process (--repeats > 0) the kernels of the
+   first plan and of XLA's own fusion are also timed under the profiler and kept
    (`planning.learn_kernel_times`, by structural hash);
-3. the second search: `find_plan` again, which now trusts the measured kernel
-   times and prices the others with the roofline;
+3. the second search: `find_plan` again, which now prices each message at the
+   learned cost and trusts the measured kernel times;
 4. every candidate program of `rank_fidelity.py` (baselines, the first plan, its
-   buckets alone, sampled plans) and the second plan, measured together on the
-   same inputs in rotating rounds (`runtime.apply.time_candidates`), and
-   simulated once with the roofline and once with the learned times.
+   buckets alone, sampled plans) and the second plan, measured together in
+   rotating rounds (`runtime.apply.time_candidates`), and simulated once as the
+   first search saw them and once with what was learned.
 
 It prints each search's regret (its plan's measured time over the fastest
 program's, minus one) and the simulator's Kendall τ and top-1 regret over the
 programs, before and after learning. Target (issue 16): the second search's
 regret below the first's.
 
+With --processes 4 every step runs on 4 `jax.distributed` processes on loopback
+(gloo), one CPU device each; rank 0 searches and shares the plans. Use --cluster
+cpu-local there; kernels are not profiled (--repeats is ignored).
+
     .venv/bin/python benchmarks/learned_regret.py [--models resnet50 gpt2_small ...]
         [--cluster cpu-local-inprocess] [--plans 8] [--rounds 7] [--max-evals 300]
-        [--repeats 5] [--json]
+        [--repeats 5] [--processes 4] [--json]
 """
 
 from __future__ import annotations
@@ -80,13 +87,18 @@ def simulated_times(module, plans: dict, profile, table: dict | None, xla_graph)
     return seconds
 
 
-def measure(name: str, args) -> dict:
-    """One model's row."""
+def measure(name: str, args, module=None) -> dict:
+    """One model's row; `module` is its captured step (else captured here)."""
+    import dataclasses
+
     import jax
     from fusion_boundary_cost import captured
     from rank_fidelity import candidate_plans, distinct_programs
 
-    from disco_xla.planning import find_plan, learn_kernel_times
+    from disco_xla.plan import Plan
+    from disco_xla.plan_cache import CandidateRecord
+    from disco_xla.planning import PlanChoice, find_plan, learn_kernel_times
+    from disco_xla.runtime.agreement import broadcast
     from disco_xla.runtime.apply import NO_COMBINER, time_candidates
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.baselines import captured_baselines
@@ -95,29 +107,73 @@ def measure(name: str, args) -> dict:
     from disco_xla.simulator.cost_models import RooflineCostModel
     from disco_xla.simulator.profiles import load_profile
 
-    module = captured(name)
+    module = module if module is not None else captured(name)
     profile = load_profile(args.cluster)
     baselines = captured_baselines(
         module, compile_module(module, NO_COMBINER), profile, RooflineCostModel(profile)
     )
-    with tempfile.TemporaryDirectory() as cache_dir:
-        settings = OptimizeSettings(
-            cluster=args.cluster, max_evaluations=args.max_evals, budget_s=1e9, cache_dir=cache_dir
+    in_process = jax.process_count() == 1
+    cache_dir = tempfile.mkdtemp(prefix="learned_regret_")  # rank 0's is the one used
+    settings = OptimizeSettings(
+        cluster=args.cluster, max_evaluations=args.max_evals, budget_s=1e9, cache_dir=cache_dir
+    )
+    topic = f"learned_regret/{name}"
+
+    def first_search() -> str:
+        choice = find_plan(module, settings)
+        return json.dumps({"key": choice.cache_key, "record": choice.candidates.to_json()})
+
+    shared = json.loads(broadcast(f"{topic}/first", first_search))
+    record = CandidateRecord.from_json(shared["record"], topic)
+    choice = PlanChoice(record.plans["plan"], False, 0.0, record, shared["key"])
+    first = choice.plan
+    # The measured run: what a first call of disco_xla.jit times.
+    run_programs, _, _ = distinct_programs(module, dict(record.plans), len(record.plans))
+    original_s, run = time_candidates(module, run_programs, jax.device_count(), args.rounds, 0, ())
+    run_s = {label: result.seconds for label, result in run.items()}
+    run_s["original"] = original_s
+
+    def second_search() -> str:
+        from disco_xla.planning import remember_measurement
+
+        fastest = min(run_s, key=run_s.__getitem__)
+        remember_measurement(choice, settings, fastest, run_s)
+        table = {}
+        if in_process and args.repeats > 0:
+            measured_run = {"first": first, "xla-nocombine": baselines["xla-nocombine"].plan}
+            table = learned_times(module, measured_run, args.repeats)
+            learn_kernel_times(settings, table)
+        second = find_plan(module, settings)
+        return json.dumps(
+            {
+                "plan": second.plan.to_json(),
+                "message_s": second.candidates.message_s,
+                "table": table,
+            }
         )
-        first = find_plan(module, settings).plan
-        measured_run = {"first": first, "xla-nocombine": baselines["xla-nocombine"].plan}
-        table = learned_times(module, measured_run, args.repeats)
-        learn_kernel_times(settings, table)
-        second = find_plan(module, settings).plan
+
+    learned = json.loads(broadcast(f"{topic}/second", second_search))
+    second = Plan.from_json(learned["plan"], topic)
+    table, message_s = learned["table"], learned["message_s"]
     plans = candidate_plans(module, baselines, first, args.plans)
     plans = {"first": plans.pop("found"), "second": second, **plans}
+    plans = {
+        label: Plan.from_json(text, label)
+        for label, text in json.loads(
+            broadcast(
+                f"{topic}/plans",
+                lambda: json.dumps({label: plan.to_json() for label, plan in plans.items()}),
+            )
+        ).items()
+    }
     programs, plans, left_out = distinct_programs(module, plans, args.plans)
     xla_s, results = time_candidates(module, programs, jax.device_count(), args.rounds, 0, ())
     measured = {label: result.seconds for label, result in results.items()}
     measured["xla"] = xla_s
     xla_graph = baselines["xla"].task_graph()
     before = simulated_times(module, plans, profile, None, xla_graph)
-    after = simulated_times(module, plans, profile, table, xla_graph)
+    taught = dataclasses.replace(profile, collective_message_s=message_s)
+    after = simulated_times(module, plans, taught, table, xla_graph)
     fastest_s = min(measured.values())
     same_as = {label: why.removeprefix("the same program as ") for label, why in left_out.items()}
     regret = {
@@ -127,7 +183,10 @@ def measure(name: str, args) -> dict:
     return {
         "model": name,
         "cluster": args.cluster,
+        "processes": jax.process_count(),
         "learned_kernels": len(table),
+        "learned_message_s": message_s,
+        "measured_run_s": run_s,
         "first_search_regret": regret["first"],
         "second_search_regret": regret["second"],
         "second_same_as": same_as.get("second"),
@@ -135,6 +194,8 @@ def measure(name: str, args) -> dict:
         "after": _fidelity(rank_fidelity(after, measured)),
         "equal": {label: bool(result.outputs.equal) for label, result in results.items()},
         "measured_s": measured,
+        "simulated_before_s": before,
+        "simulated_after_s": after,
     }
 
 
@@ -154,18 +215,36 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-evals", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5, help="profiled steps per plan")
+    parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        from on_processes import worker_rows
+
+        worker_rows(args.worker, args.models, lambda name, module: measure(name, args, module))
+        return
     import jax
 
     jax.config.update("jax_num_cpu_devices", DEVICES)
-    rows = [measure(name, args) for name in args.models]
+    if args.processes > 1:
+        from fusion_boundary_cost import captured
+        from on_processes import rows_on_processes
+
+        if args.processes != DEVICES:
+            raise SystemExit(f"--processes: the modules are captured for {DEVICES} devices")
+        forwarded = ["--cluster", args.cluster, "--plans", str(args.plans)]
+        forwarded += ["--rounds", str(args.rounds), "--max-evals", str(args.max_evals)]
+        rows = rows_on_processes(__file__, args.models, captured, forwarded, args.processes)
+    else:
+        rows = [measure(name, args) for name in args.models]
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     for row in rows:
         print(
-            f"{row['model']} ({row['learned_kernels']} kernels learned): search regret "
+            f"{row['model']} ({row['processes']} process(es); {row['learned_kernels']} kernels "
+            f"learned, {row['learned_message_s'] * 1e6:.1f} us a message): search regret "
             f"{row['first_search_regret']:.1%} first, {row['second_search_regret']:.1%} second"
             + (f" (the same program as {row['second_same_as']})" if row["second_same_as"] else "")
         )

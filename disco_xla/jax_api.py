@@ -39,6 +39,8 @@ from disco_xla.wrapped_step import (
     TIMING_ROUNDS,
     DiscoFallbackWarning,
     WrappedStep,
+    cached_label,
+    candidate_order,
     fastest_label,
     one_line,
     slower_status,
@@ -168,10 +170,13 @@ class OptimizedFunction(WrappedStep):
         trial = _Trial(self, module, lowered, compiled, leaves, step, wait_s, problem)
         trial.simulated_s = dict(choice.candidates.simulated_s)
         measuring = settings.check_speed
-        order = _candidate_order(choice, measuring)
+        order = candidate_order(choice, measuring)
+        from_cache = cached_label(choice, order)
         equal, result = trial.first_agreeing(order, executable, measuring, args, kwargs)
         if not equal:
-            return self._original_after(compiled, trial), result
+            compiled = self._original_after(compiled, trial)
+            _mark_cached(compiled.candidates, from_cache)
+            return compiled, result
         chosen = equal[0]
         if measuring and not any(_deleted(leaf) for leaf in leaves):
             chosen = trial.fastest(equal, args, kwargs)
@@ -183,6 +188,7 @@ class OptimizedFunction(WrappedStep):
             compiled.run = trial.programs[chosen]
             compiled.plan = trial.plans[chosen][0]
         compiled.candidates = trial.report(chosen)
+        _mark_cached(compiled.candidates, from_cache)
         compiled.timing = trial.timing_of(chosen)
         return compiled, result
 
@@ -221,18 +227,10 @@ def _shared_choice(module, settings: OptimizeSettings, step: int, wait_s: float)
     return PlanChoice(record.plans["plan"], True, 0.0, record, shared["key"])
 
 
-def _candidate_order(choice, measuring: bool) -> dict[str, tuple[Any, bool]]:
-    """The candidate programs in order of preference, label -> (plan, whether
-    its fusion groups are applied): the plan, its buckets alone, then (when
-    they are timed) the search's next best and the best baseline. A choice
-    measured on this machine before (from the cache) is the only one tried."""
-    record = choice.candidates
-    order = {"plan": (choice.plan, True), "buckets": (choice.plan, False)}
-    if measuring:
-        order.update({label: (plan, True) for label, plan in record.plans.items()})
-    if record.chosen in order:
-        order = {record.chosen: order[record.chosen]}
-    return order
+def _mark_cached(report: dict[str, dict], label: str | None) -> None:
+    """Mark the candidate tried only because the plan cache recorded it."""
+    if label is not None and label in report:
+        report[label]["from_cache"] = True
 
 
 def _remember(choice, settings: OptimizeSettings, trial: _Trial, chosen: str) -> None:

@@ -10,7 +10,9 @@ measured against it: the search's next best, the best baseline) with their
 simulated times, and, once a first call has timed them on this machine, which
 one ran fastest and every candidate's measured time (`CandidateRecord`). It
 also keeps the kernel times measured on each machine (`add_kernel_times`, by
-structural hash), which the next search there reads before any cost model.
+structural hash), which the next search there reads before any cost model, and
+the step times of the programs each first call measured (`add_step_times`), from
+which the next search learns what a collective costs inside a step there.
 Switching a new file to the write-ahead log is the one step that
 sqlite does not wait for (it fails at once with "database is locked" when another
 process is doing the same), so creating the file is serialised by a lock file
@@ -28,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from disco_xla.plan import Plan
+from disco_xla.simulator.step_time_fit import StepTime
 
-CACHE_SCHEMA = 2
+CACHE_SCHEMA = 3
 _BUSY_TIMEOUT_S = 30.0
 
 
@@ -42,12 +45,43 @@ class CandidateRecord:
     `simulated_s` their simulated step times. `chosen` is the label that ran
     fastest and computed the same as the original when measured ('original'
     when none was faster; None: not measured yet), and `measured_s` every
-    timed program's median step time, the original's under 'original'."""
+    timed program's median step time, the original's under 'original'.
+    `messages` is what each plan's program sends per step
+    (`step_time_fit.messages_per_step`), and `message_s` the per-message cost
+    its simulated times include (`ClusterProfile.collective_message_s`)."""
 
     plans: dict[str, Plan]
     simulated_s: dict[str, float] = field(default_factory=dict)
     chosen: str | None = None
     measured_s: dict[str, float] = field(default_factory=dict)
+    messages: dict[str, int] = field(default_factory=dict)
+    message_s: float = 0.0
+    workers: int = 0  # the devices the module's step runs on (0: not known)
+
+    def step_times(self) -> list[StepTime]:
+        """The measured programs whose message count and simulated time are
+        known (the plans', and XLA's own as 'original'), each simulated with no
+        message cost."""
+        known = sorted(set(self.measured_s) & set(self.simulated_s) & set(self.messages))
+        if "plan" not in self.plans:
+            return []
+
+        def program(label: str) -> str:
+            if label not in self.plans:
+                return label
+            return hashlib.sha256(self.plans[label].to_json().encode()).hexdigest()[:16]
+
+        return [
+            StepTime(
+                module=self.plans["plan"].fingerprint,
+                program=program(label),
+                messages=self.messages[label],
+                simulated_s=self.simulated_s[label] - self.message_s * self.messages[label],
+                measured_s=self.measured_s[label],
+            )
+            for label in known
+            if label in self.plans or label == "original"
+        ]
 
     def to_json(self) -> str:
         return json.dumps(
@@ -56,6 +90,9 @@ class CandidateRecord:
                 "simulated_s": self.simulated_s,
                 "chosen": self.chosen,
                 "measured_s": self.measured_s,
+                "messages": self.messages,
+                "message_s": self.message_s,
+                "workers": self.workers,
             },
             sort_keys=True,
         )
@@ -71,6 +108,9 @@ class CandidateRecord:
             {k: float(v) for k, v in data.get("simulated_s", {}).items()},
             data.get("chosen"),
             {k: float(v) for k, v in data.get("measured_s", {}).items()},
+            {k: int(v) for k, v in data.get("messages", {}).items()},
+            float(data.get("message_s", 0.0)),
+            int(data.get("workers", 0)),
         )
 
 
@@ -135,6 +175,12 @@ class PlanCache:
                     "CREATE TABLE IF NOT EXISTS kernel_times (machine TEXT NOT NULL, "
                     "kernel TEXT NOT NULL, seconds REAL NOT NULL, samples INTEGER NOT NULL, "
                     "PRIMARY KEY (machine, kernel))"
+                )
+                connection.execute(
+                    "CREATE TABLE IF NOT EXISTS step_times (machine TEXT NOT NULL, "
+                    "workers INTEGER NOT NULL, module TEXT NOT NULL, program TEXT NOT NULL, "
+                    "messages INTEGER NOT NULL, simulated_s REAL NOT NULL, "
+                    "measured_s REAL NOT NULL, PRIMARY KEY (machine, workers, module, program))"
                 )
                 connection.commit()
             finally:
@@ -245,6 +291,65 @@ class PlanCache:
         except (sqlite3.Error, OSError):
             return {}
         return {kernel: float(seconds) for kernel, seconds in rows}
+
+    def add_step_times(self, machine: str, workers: int, times: list[StepTime]) -> bool:
+        """Keep the measured step times of one module's programs (`times`, all
+        of one module) on `machine`
+        (`machine_key`) with `workers` devices, unless that module has some
+        there already: the first measured run of each module is what later
+        searches learn from, so that a module's own re-measurement does not
+        move what was learned (and the plans cached with it). False if nothing
+        was stored."""
+        if not times:
+            return False
+        try:
+            connection = self._connect()
+            try:
+                with connection:
+                    known = connection.execute(
+                        "SELECT 1 FROM step_times WHERE machine = ? AND workers = ? "
+                        "AND module = ? LIMIT 1",
+                        (machine, workers, times[0].module),
+                    ).fetchone()
+                    if known:
+                        return False
+                    connection.executemany(
+                        "INSERT OR IGNORE INTO step_times VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (
+                                machine,
+                                workers,
+                                t.module,
+                                t.program,
+                                t.messages,
+                                t.simulated_s,
+                                t.measured_s,
+                            )
+                            for t in times
+                        ],
+                    )
+            finally:
+                connection.close()
+        except (sqlite3.Error, OSError):
+            return False
+        return True
+
+    def step_times(self, machine: str, workers: int) -> list[StepTime]:
+        """Every step time kept for `machine` with `workers` devices ([] when
+        none, or the cache is unreadable)."""
+        try:
+            connection = self._connect()
+            try:
+                rows = connection.execute(
+                    "SELECT module, program, messages, simulated_s, measured_s FROM step_times "
+                    "WHERE machine = ? AND workers = ? ORDER BY module, program",
+                    (machine, workers),
+                ).fetchall()
+            finally:
+                connection.close()
+        except (sqlite3.Error, OSError):
+            return []
+        return [StepTime(m, p, int(n), float(sim), float(meas)) for m, p, n, sim, meas in rows]
 
     def __len__(self) -> int:
         try:

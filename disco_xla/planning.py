@@ -53,7 +53,10 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     """The plan for `module`, and the candidates to measure beside it
     (`measured_alternatives`): from the cache when there, else searched and
     cached. The search reads the kernel times measured on this machine
-    (`learn_kernel_times`) first, the settings' cost model for other kernels."""
+    (`learn_kernel_times`) first, the settings' cost model for other kernels,
+    and prices each collective's message at what the step times measured
+    on this machine before imply (`learned_message_s`). A cached plan found
+    with a per-message cost far from today's is searched again."""
     from disco_xla.search import optimize_with_candidates
     from disco_xla.simulator.profiles import load_profile
 
@@ -63,6 +66,7 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     # Kernel times measured on this machine before: the search trusts them over
     # any cost model, and a new measurement makes a new search.
     measured_s = cache.kernel_times(machine_key(profile)) if cache is not None else {}
+    message_s = learned_message_s(cache, profile, module) if cache is not None else 0.0
     options = settings.search_options()
     if measured_s:
         options["measured_kernels"] = times_digest(measured_s)
@@ -71,7 +75,10 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
         plan = cache.get(key)
         if plan is not None and plan.fingerprint == module.fingerprint:
             record = cache.get_candidates(key) or CandidateRecord({"plan": plan})
-            return PlanChoice(plan, True, time.perf_counter() - started, record, key)
+            # Searched again once what a message costs here has moved far from
+            # what the plan was found with (the first measured run teaches it).
+            if not _moved_far(record.message_s, message_s):
+                return PlanChoice(plan, True, time.perf_counter() - started, record, key)
     try:  # XLA's own fusion: the search then starts from every baseline too
         from disco_xla.runtime.apply import NO_COMBINER
         from disco_xla.runtime.xla_runner import compile_module
@@ -90,14 +97,67 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
         cost_model=settings.cost_model,
         keep=settings.candidates,
         measured_s=measured_s,
+        message_s=message_s,
     )
     top_plans = found.top_plans or ((found.iteration_s, found.plan),)
     alternatives, simulated = measured_alternatives(top_plans, baselines, settings.candidates)
-    record = CandidateRecord({"plan": found.plan, **alternatives}, simulated)
+    plans = {"plan": found.plan, **alternatives}
+    messages = _messages(module, plans)
+    if "xla" in baselines:  # XLA's own program: what the first call times the others against
+        messages["original"] = _original_messages(module, baselines["xla"][0], profile)
+        simulated["original"] = baselines["xla"][1]
+    record = CandidateRecord(
+        plans, simulated, messages=messages, message_s=message_s, workers=_workers(module)
+    )
     if cache is not None:
         cache.put(key, found.plan)
         cache.put_candidates(key, record)
     return PlanChoice(found.plan, False, time.perf_counter() - started, record, key)
+
+
+def _moved_far(before_s: float, now_s: float) -> bool:
+    """Whether a learned per-message cost moved enough to search again: from
+    nothing to something (or back), or by more than 2x. Smaller moves keep the
+    cached plan, so that each further measured module does not send every
+    other one back to the search."""
+    if before_s <= 0 or now_s <= 0:
+        return (before_s > 0) != (now_s > 0)
+    return max(before_s, now_s) > 2 * min(before_s, now_s)
+
+
+def _workers(module: HloModule) -> int:
+    """The devices the module's step runs on."""
+    counts = module.device_counts()
+    return counts["num_replicas"] * counts["num_partitions"]
+
+
+def _messages(module: HloModule, plans: dict[str, Plan]) -> dict[str, int]:
+    """What each plan's program sends per step (`messages_per_step`)."""
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.step_time_fit import messages_per_step
+
+    return {label: messages_per_step(build_task_graph(module, p)) for label, p in plans.items()}
+
+
+def _original_messages(module: HloModule, xla_plan: Plan, profile) -> int:
+    """What XLA's own program (its fusion, its combined all-reduces: the
+    `xla` baseline's plan) sends per step."""
+    from disco_xla.search.baselines import sends_tuples
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.step_time_fit import messages_per_step
+
+    return messages_per_step(build_task_graph(module, xla_plan, sends_tuples("xla", profile)))
+
+
+def learned_message_s(cache: PlanCache, profile, module: HloModule) -> float:
+    """The per-message cost of a collective inside a step on this machine
+    (`profile`) with `module`'s device count, fitted to the step times that
+    first calls measured here (`step_time_fit.fit_message_cost`); the
+    profile's own where they cannot tell."""
+    from disco_xla.simulator.step_time_fit import fit_message_cost
+
+    fitted = fit_message_cost(cache.step_times(machine_key(profile), _workers(module)))
+    return profile.collective_message_s if fitted is None else fitted
 
 
 def learn_kernel_times(settings: OptimizeSettings, times_s: dict[str, float]) -> bool:
@@ -118,13 +178,20 @@ def remember_measurement(
     """Store which candidate ran fastest on this machine (`chosen`, or
     'original') and every measured time beside the plan in the cache, so that
     the next first call on this machine runs that candidate without timing the
-    others again."""
+    others again. The step times also go to the machine's table that later
+    searches learn the cost of a collective from (`learned_message_s`)."""
+    from dataclasses import replace
+
+    from disco_xla.simulator.profiles import load_profile
+
     if not settings.use_cache or not choice.cache_key:
         return
-    record = CandidateRecord(
-        choice.candidates.plans, choice.candidates.simulated_s, chosen, dict(measured_s)
-    )
-    PlanCache(settings.cache_dir).put_candidates(choice.cache_key, record)
+    record = replace(choice.candidates, chosen=chosen, measured_s=dict(measured_s))
+    cache = PlanCache(settings.cache_dir)
+    cache.put_candidates(choice.cache_key, record)
+    if record.workers:  # what a collective costs in a step here, for the next searches
+        machine = machine_key(load_profile(settings.cluster))
+        cache.add_step_times(machine, record.workers, record.step_times())
 
 
 # XLA's own groups of the modules seen last, by fingerprint: every candidate of

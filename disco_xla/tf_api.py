@@ -23,7 +23,12 @@ the fastest runs; the original is kept, without a warning, if it is as fast or
 faster here (`wrapped_step.slower_status`: the status says
 "original: faster here ..."). The timed calls assign the step's variables like
 any call: their values are saved before and assigned back after, so timing
-trains nothing.
+trains nothing. The choice and the times go into the plan cache; a later first
+call there (another process, or another wrapper) that finds a recorded choice
+builds and checks that candidate alone (`wrapped_step.candidate_order`) and
+times it beside the original only, as `disco_xla.jit` does; if the cache
+records the original as faster, the original runs, nothing is rewritten. The
+candidates report (`measurements()`) marks such a choice 'from_cache'.
 
 How a step's variables map onto the module (verified on TF 2.21). The module's
 entry parameters are, in parameter-number order, the concrete function's
@@ -69,6 +74,8 @@ from disco_xla.wrapped_step import (
     TIMING_ROUNDS,
     DiscoFallbackWarning,
     WrappedStep,
+    cached_label,
+    candidate_order,
     fastest_label,
     one_line,
     slower_status,
@@ -191,6 +198,10 @@ class TfFunction(WrappedStep):
             layout = step_layout(module, concrete_function, flat_arguments)
             candidates = _TfCandidates(self, module, layout, concrete_function, flat_arguments)
             signature.plan = candidates.choice.plan
+            if candidates.reuses_original:
+                signature.status = candidates.cached_original_status()
+                signature.candidates = candidates.report(signature)
+                return signature, self._original(*args, **kwargs)
             result, equal = candidates.first_agreeing(args, kwargs)
         except Exception as error:  # noqa: BLE001 - never break training
             reason, equal = one_line(error), []
@@ -240,10 +251,12 @@ class _TfCandidates:
         self.function, self.module, self.layout = function, module, layout
         self.concrete_function, self.flat_arguments = concrete_function, flat_arguments
         self.choice = find_plan(module, function._settings)
-        self.order = {"plan": (self.choice.plan, True), "buckets": (self.choice.plan, False)}
-        if function._settings.check_speed:
-            plans = self.choice.candidates.plans
-            self.order.update({label: (plan, True) for label, plan in plans.items()})
+        measuring = function._settings.check_speed
+        # A choice measured on this machine before (the plan cache's record):
+        # that candidate alone is tried, or none when the original was faster.
+        self.reuses_original = measuring and self.choice.candidates.chosen == "original"
+        self.order = {} if self.reuses_original else candidate_order(self.choice, measuring)
+        self.from_cache = cached_label(self.choice, self.order)
         self.programs: dict[str, Any] = {}
         self.outputs: dict[str, list] = {}
         self.fingerprints: dict[str, str] = {}
@@ -369,8 +382,11 @@ class _TfCandidates:
         if label == "plan":
             return "optimized"
         if label == "buckets":
-            plan_equal = "plan" in self.comparisons and self.comparisons["plan"].equal
-            why = "measured fastest" if plan_equal else "the plan's fusion changed results"
+            # Timed and the plan not refused (it may not have been tried: a
+            # cached measurement chose the buckets alone).
+            plan_refused = "plan" in self.comparisons and not self.comparisons["plan"].equal
+            won_on_time = not plan_refused and "buckets" in self.measured_s
+            why = "measured fastest" if won_on_time else "the plan's fusion changed results"
             return f"optimized (buckets only: {why})"
         return f"optimized ({label}, measured fastest)"
 
@@ -391,11 +407,28 @@ class _TfCandidates:
             if label in self.measured_s:
                 entry["measured_s"] = self.measured_s[label]
             entry["chosen"] = label == self.chosen and signature.step is not None
+            if label == self.from_cache:
+                entry["from_cache"] = True
             entries[label] = entry
         entries["original"] = {"chosen": signature.step is None}
         if "original" in self.measured_s:
             entries["original"]["measured_s"] = self.measured_s["original"]
+        if self.reuses_original:
+            entries["original"]["from_cache"] = True
         return entries
+
+    def cached_original_status(self) -> str:
+        """The status when the plan cache records that the original ran faster
+        on this machine than every candidate: with the times measured then."""
+        measured = self.choice.candidates.measured_s
+        others = {label: t for label, t in measured.items() if label != "original"}
+        status = None
+        if "original" in measured and others:
+            best = min(others, key=others.get)
+            status = slower_status(measured["original"], others[best], f"optimized ({best})")
+        if status is None:
+            return "original: faster here (measured before, from the plan cache)"
+        return status.removesuffix(")") + ", from the plan cache)"
 
     def why(self) -> str:
         return "; ".join(dict.fromkeys(self.problems)) or "no program agreed with the original"

@@ -1,7 +1,8 @@
 """What `disco_xla.jit` and `disco_xla.tf_function` share: a wrapped training step
 that keeps the original, the settings, and one record per argument signature
 (what it runs, and with which plan); the warning they give when they run the
-original because something failed; the rule of their first-call speed check."""
+original because something failed; the rule of their first-call speed check,
+and which candidates a first call tries (`candidate_order`)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ class WrappedStep:
         time, where the search gave one), 'equal' (its outputs against the
         original's), 'measured_s' (its median step time, timed beside the
         original's, which is under 'original'), or 'same_as' (the label of the
-        same program) or 'error'; and 'chosen' under the label it runs."""
+        same program) or 'error'; and 'chosen' under the label it runs. A label
+        tried (or, for 'original', run) only because an earlier measured run
+        on this machine chose it, as the plan cache recorded, has 'from_cache'."""
         return [dict(getattr(r, "candidates", {})) for r in self._by_signature.values()]
 
     def _warn(self, api: str, why: str, stacklevel: int, once: bool = False) -> None:
@@ -90,3 +93,27 @@ def fastest_label(measured_s: dict[str, float], labels: list[str]) -> str:
     (`slower_status`'s rule)."""
     best = min(labels, key=lambda label: (measured_s[label], labels.index(label)))
     return best if measured_s[best] < measured_s["original"] else "original"
+
+
+def candidate_order(choice: Any, measuring: bool) -> dict[str, tuple[Any, bool]]:
+    """The candidate programs of a `PlanChoice` in order of preference, label ->
+    (plan, whether its fusion groups are applied): the plan, its buckets alone,
+    then (when they are timed) the search's next best and the best baseline.
+    A candidate that an earlier measured run on this machine chose (the cache's
+    `CandidateRecord.chosen`) is the only one tried, when it is among them
+    (a recorded 'original' is not: `disco_xla.jit` then builds and times every
+    candidate again, `disco_xla.tf_function` runs the original, untried)."""
+    record = choice.candidates
+    order = {"plan": (choice.plan, True), "buckets": (choice.plan, False)}
+    if measuring:
+        order.update({label: (plan, True) for label, plan in record.plans.items()})
+    if record.chosen in order:
+        order = {record.chosen: order[record.chosen]}
+    return order
+
+
+def cached_label(choice: Any, order: dict) -> str | None:
+    """The label `candidate_order` kept alone because the cache recorded it as
+    the measured choice, else None."""
+    chosen = choice.candidates.chosen
+    return chosen if chosen is not None and list(order) == [chosen] else None

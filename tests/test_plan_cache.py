@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 
 import pytest
@@ -100,3 +101,35 @@ def test_a_damaged_candidates_entry_is_a_miss(tmp_path):
         connection.execute("UPDATE candidates SET record = '{\"plans\": 3'")
     connection.close()
     assert cache.get_candidates("key") is None
+
+
+def test_step_times_round_trip_and_each_module_keeps_its_first_measured_run(tmp_path):
+    """A measured first call's step times come back by machine and device
+    count, without the message cost its simulation included; a module measured
+    again keeps the first run's."""
+    from disco_xla.plan_cache import CandidateRecord
+
+    plans = {"plan": _plan(1), "candidate-2": Plan("module1", f"{1:064x}", (), (("r1",),))}
+    record = CandidateRecord(
+        plans,
+        {"plan": 0.004, "candidate-2": 0.010},
+        "plan",
+        {"plan": 0.005, "candidate-2": 0.020, "original": 0.006},
+        messages={"plan": 2, "candidate-2": 10},
+        message_s=0.0005,
+        workers=4,
+    )
+    again = CandidateRecord.from_json(record.to_json(), "test")
+    assert again == record
+    times = record.step_times()  # 'original' has no plan: not kept
+    assert sorted((t.messages, t.simulated_s, t.measured_s) for t in times) == [
+        (2, pytest.approx(0.003), 0.005),
+        (10, pytest.approx(0.005), 0.020),
+    ]
+    cache = PlanCache(tmp_path)
+    assert cache.add_step_times("machine", 4, times)
+    assert sorted(cache.step_times("machine", 4)) == sorted(times)
+    assert cache.step_times("machine", 8) == [] and cache.step_times("other", 4) == []
+    remeasured = [dataclasses.replace(t, measured_s=1.0) for t in times]
+    assert not cache.add_step_times("machine", 4, remeasured)
+    assert sorted(cache.step_times("machine", 4)) == sorted(times)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from disco_xla.hlo_passes.graph import HloModule
@@ -81,3 +83,79 @@ def test_kernel_times_measured_on_a_machine_steer_its_next_search(captured, tmp_
             ),
         ).plan
     )
+
+
+SLOW_NETWORK = """
+name: slow-network
+execution: gpu-streams
+device:
+  name: a device whose network is slow beside its compute
+  peak_flops: {f32: 1.0e+9}
+  memory_bandwidth_bytes_per_s: 1.0e+9
+  kernel_launch_s: 1.0e-6
+topology: {devices_per_node: 4, nodes: 1}
+links:
+  intra_node: {bandwidth_bytes_per_s: 1.0e+6, latency_s: 0.0}
+  inter_node: {bandwidth_bytes_per_s: 1.0e+6, latency_s: 0.0}
+all_reduce: ring
+"""
+
+
+def test_step_times_measured_on_a_machine_price_its_collectives_in_the_next_search(
+    captured, tmp_path
+):
+    """First calls store the step times they measured; the next search on that
+    machine, for a step on as many devices, fits what each collective's message
+    costs there and plans with it: with messages measured dear, the plan sends
+    fewer of them. Other device counts do not read them."""
+    from disco_xla.plan_cache import PlanCache, machine_key
+    from disco_xla.planning import find_plan, learned_message_s
+    from disco_xla.settings import OptimizeSettings
+    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.simulator.profiles import load_profile
+    from disco_xla.simulator.step_time_fit import StepTime, messages_per_step
+
+    step = HloModule.from_bytes(captured["jax_pmap_step"][0], "step")
+    # A network slow beside the compute, with no latency: sending each gradient
+    # as soon as it is ready pays, so the first plan sends one message each.
+    (tmp_path / "slow.yaml").write_text(SLOW_NETWORK)
+    settings = OptimizeSettings(
+        cluster=str(tmp_path / "slow.yaml"),
+        max_evaluations=60,
+        budget_s=1e9,
+        cache_dir=str(tmp_path),
+    )
+    first = find_plan(step, settings)
+    assert first.candidates.message_s == 0.0
+    assert first.candidates.messages["plan"] == messages_per_step(
+        build_task_graph(step, first.plan)
+    )
+    workers = first.candidates.workers
+    counts = step.device_counts()
+    assert workers == counts["num_replicas"] * counts["num_partitions"] >= 2
+    # Another module measured on this machine: each message cost it 20 ms more
+    # than simulated (its programs sent 1, 10 and 40).
+    profile = load_profile(settings.cluster)
+    cache = PlanCache(tmp_path)
+    measured = [StepTime("other", f"p{n}", n, 0.010, 1.5 * (0.010 + 0.02 * n)) for n in (1, 10, 40)]
+    assert cache.add_step_times(machine_key(profile), workers, measured)
+    assert learned_message_s(cache, profile, step) == pytest.approx(0.02, rel=0.13)
+    second = find_plan(step, settings)
+    assert not second.from_cache and second.cache_key == first.cache_key
+    assert second.candidates.message_s == learned_message_s(cache, profile, step)
+    sent = [messages_per_step(build_task_graph(step, c.plan)) for c in (first, second)]
+    assert sent[0] > 2 and sent[1] < sent[0], sent
+    assert find_plan(step, settings).from_cache  # learned once: the plan stays cached
+    # A little more learned (within 2x) keeps it cached too.
+    closer = [StepTime("near", f"p{n}", n, 0.010, 1.5 * (0.010 + 0.03 * n)) for n in (1, 10, 40)]
+    assert cache.add_step_times(machine_key(profile), workers, closer)
+    learned = learned_message_s(cache, profile, step)
+    assert learned != second.candidates.message_s
+    assert find_plan(step, settings).from_cache
+    # Times measured with another device count are not this step's.
+    dearer = [
+        dataclasses.replace(t, module="third", measured_s=t.measured_s * t.messages)
+        for t in measured
+    ]
+    assert cache.add_step_times(machine_key(profile), workers * 2, dearer)
+    assert learned_message_s(cache, profile, step) == learned

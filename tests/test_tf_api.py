@@ -4,6 +4,7 @@ program and match the original, a step that assigns variables trains like plain
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sqlite3
@@ -17,6 +18,7 @@ import tensorflow as tf
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.jax_api import DiscoFallbackWarning
 from disco_xla.plan import departing_groups
+from disco_xla.plan_cache import PlanCache
 from disco_xla.planning import xla_own_groups
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.tf_api import tf_function
@@ -306,3 +308,172 @@ def test_a_trace_with_unknown_dimensions_gets_a_program_per_shape(tmp_path):
         assert results[count].shape == (count, 3)
         expected = x.numpy() / np.sum(np.abs(x.numpy()))
         assert compare_outputs([expected], [results[count].numpy()]).equal
+
+
+def _candidate_keys(directory: str) -> list[str]:
+    connection = sqlite3.connect(f"{directory}/plans.sqlite")
+    try:
+        return [row[0] for row in connection.execute("SELECT key FROM candidates")]
+    finally:
+        connection.close()
+
+
+def _record_choice(directory: str, chosen: str, measured_s: dict[str, float]) -> None:
+    """Make the plan cache's one record say that an earlier measured run here
+    chose `chosen`, with these times."""
+    (key,) = _candidate_keys(directory)
+    cache = PlanCache(directory)
+    cache.put_candidates(
+        key, dataclasses.replace(cache.get_candidates(key), chosen=chosen, measured_s=measured_s)
+    )
+
+
+class _RewriteSpy:
+    """Counts the rewrites (one per candidate program built)."""
+
+    def __init__(self, monkeypatch):
+        import disco_xla.planning
+
+        self.calls = 0
+        real = disco_xla.planning.rewrite
+
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(disco_xla.planning, "rewrite", counting)
+
+
+def _beside_plain(optimized, plain, args, calls: int = 2) -> list[str]:
+    """`calls` steps of ours and of plain `tf.function` on twin models, the
+    losses compared; what each of ours ran."""
+    used = []
+    for _ in range(calls):
+        expected, got = plain(*args), optimized(*args)
+        used.append(optimized.last_used)
+        assert compare_outputs([expected.numpy()], [got.numpy()]).equal
+    return used
+
+
+def _assert_trained_alike(model, plain_model) -> None:
+    trained = [v.numpy() for v in model.trainable_variables]
+    reference = [v.numpy() for v in plain_model.trainable_variables]
+    assert compare_outputs(reference, trained).equal
+
+
+def test_a_second_wrapper_reuses_the_choice_measured_into_the_cache(tmp_path, monkeypatch):
+    """The first call measures the candidates and records the choice in the plan
+    cache; a second `tf_function` of the same step there builds the recorded
+    candidate alone (no other is timed again), or when the original was faster,
+    rewrites nothing; both train like plain `tf.function`."""
+    plain_model, plain, args = _tiny_step()
+    model, step, _ = _tiny_step()
+    settings = {"cache_dir": str(tmp_path), **SEARCH, "check_speed": True, "candidates": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiscoFallbackWarning)
+        first = tf_function(step, **settings)
+        _beside_plain(first, plain, args)
+        (report,) = first.measurements()
+        (chosen,) = [label for label, entry in report.items() if entry["chosen"]]
+        assert not any("from_cache" in entry for entry in report.values()), report
+        timed = {label for label, entry in report.items() if "measured_s" in entry}
+        assert "original" in timed and len(timed) >= 2, report
+        (key,) = _candidate_keys(str(tmp_path))
+        assert PlanCache(str(tmp_path)).get_candidates(key).chosen == chosen
+
+        spy = _RewriteSpy(monkeypatch)
+        second = tf_function(step, **settings)
+        used = _beside_plain(second, plain, args)
+    _assert_trained_alike(model, plain_model)
+    (again,) = second.measurements()
+    (status,) = second.status()
+    if chosen == "original":
+        assert spy.calls == 0
+        assert again == {"original": {"chosen": True, "from_cache": True}}
+        assert status.startswith("original: faster here (") and status.endswith(
+            ", from the plan cache)"
+        ), status
+        assert used == ["original", "original"] and second.timings() == []
+        return
+    # Only the recorded candidate was built, checked and timed beside the original.
+    assert spy.calls == 1
+    assert set(again) == {chosen, "original"}, again
+    assert again[chosen]["from_cache"] and again[chosen]["equal"], again
+    assert {label for label, e in again.items() if "measured_s" in e} == {chosen, "original"}
+    assert status.startswith(("optimized", "original: faster here (")), status
+
+
+@pytest.mark.parametrize("agrees", [True, False], ids=["agrees", "differs"])
+def test_a_recorded_candidate_is_the_only_one_built_and_still_checked(
+    agrees, tmp_path, monkeypatch
+):
+    """With a choice recorded in the cache ('buckets' here), only that candidate
+    is built; its outputs are still compared with the original's, and when they
+    differ the original runs, with one warning."""
+    plain_model, plain, args = _tiny_step()
+    model, step, _ = _tiny_step()
+    settings = {"cache_dir": str(tmp_path), **SEARCH}
+    _beside_plain(tf_function(step, **settings), plain, args, calls=1)  # fills the cache
+    _record_choice(str(tmp_path), "buckets", {"original": 2e-3, "buckets": 1e-3})
+    if not agrees:
+        import disco_xla.runtime.apply
+
+        real = disco_xla.runtime.apply.compare_outputs
+        monkeypatch.setattr(
+            disco_xla.runtime.apply,
+            "compare_outputs",
+            lambda *a, **k: dataclasses.replace(real(*a, **k), equal=False, max_rel_diff=0.5),
+        )
+    spy = _RewriteSpy(monkeypatch)
+    optimized = tf_function(step, **{**settings, "check_speed": True, "candidates": 2})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        used = _beside_plain(optimized, plain, args)
+    _assert_trained_alike(model, plain_model)
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, DiscoFallbackWarning)]
+    assert spy.calls == 1
+    (report,) = optimized.measurements()
+    (status,) = optimized.status()
+    assert set(report) == {"buckets", "original"}, report
+    assert report["buckets"]["from_cache"] and report["buckets"]["equal"] is agrees, report
+    if not agrees:
+        assert len(fallbacks) == 1 and "outputs differ" in fallbacks[0], fallbacks
+        assert status.startswith("original: the rewritten program's outputs differ"), status
+        assert report["original"] == {"chosen": True}
+        assert used == ["original", "original"] and optimized.timings() == []
+        return
+    assert not fallbacks, fallbacks
+    # Timed once more beside the original, and nothing else.
+    assert {label for label, e in report.items() if "measured_s" in e} == {"buckets", "original"}
+    if report["buckets"]["chosen"]:
+        assert status == "optimized (buckets only: measured fastest)"
+        assert used == ["original", "optimized"]
+    else:
+        assert status.startswith("original: faster here ("), status
+
+
+def test_a_recorded_original_runs_without_rewriting(tmp_path, monkeypatch):
+    """When the cache records that the original ran faster here, the speed check
+    runs the original and builds nothing; without the speed check the record
+    is not used."""
+    plain_model, plain, args = _tiny_step()
+    model, step, _ = _tiny_step()
+    settings = {"cache_dir": str(tmp_path), **SEARCH}
+    _beside_plain(tf_function(step, **settings), plain, args, calls=1)  # fills the cache
+    _record_choice(str(tmp_path), "original", {"original": 1e-3, "plan": 2e-3})
+    spy = _RewriteSpy(monkeypatch)
+    optimized = tf_function(step, **{**settings, "check_speed": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiscoFallbackWarning)
+        used = _beside_plain(optimized, plain, args)
+        assert spy.calls == 0 and used == ["original", "original"]
+        assert optimized.status() == [
+            "original: faster here (1.000 ms per step against 2.000 ms for "
+            "optimized (plan), from the plan cache)"
+        ]
+        assert optimized.measurements() == [{"original": {"chosen": True, "from_cache": True}}]
+        assert optimized.timings() == []
+        unchecked = tf_function(step, **settings)
+        assert _beside_plain(unchecked, plain, args) == ["original", "optimized"]
+    assert spy.calls == 1 and unchecked.status() == ["optimized"]
+    _assert_trained_alike(model, plain_model)

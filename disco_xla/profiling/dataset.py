@@ -10,6 +10,9 @@ Per sample: the measured time (seconds; the sum of the kernels XLA emitted for
 the group, each the median over repeats), how many kernels that was, the module
 and model it came from, the plan kind, the kernel's structural hash, and what the
 roofline needs (FLOPs, bytes in and out, element type, op class).
+
+`MODEL_FAMILIES` maps each model name a data set may hold to its architecture
+family, for leave-one-family-out evaluation (`model_family`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,58 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.simulator.kernel_features import MAX_RANK, KernelGraph
 
 SCHEMA = "disco-xla-kernels/1"
+
+# Model name (as in a data set: the module file's name up to its first '.') ->
+# architecture family. JAX zoo models go by their zoo names; keras.applications
+# models as `keras_NAME` (captured as `keras:NAME` by
+# benchmarks/collect_cost_model_data.sh), TF zoo models as `tf_NAME`.
+# Families overlap in their kernels (EfficientNet and MobileNetV3 have depthwise
+# convolutions too): a family is named for what sets it apart.
+MODEL_FAMILIES = {
+    # JAX zoo (dm-haiku)
+    "resnet50": "residual-conv",
+    "vgg19": "plain-conv",
+    "inception_v3": "inception",
+    "bert_base": "encoder-attention",
+    "bert_large": "encoder-attention",
+    "transformer_base": "encoder-attention",
+    "gpt2_small": "decoder-attention",
+    "llama": "decoder-attention-rmsnorm-rotary",
+    # keras.applications on JAX
+    "keras_ResNet50": "residual-conv",
+    "keras_VGG16": "plain-conv",
+    "keras_VGG19": "plain-conv",
+    "keras_InceptionV3": "inception",
+    "keras_MobileNet": "depthwise-conv",
+    "keras_MobileNetV2": "depthwise-conv",
+    "keras_Xception": "depthwise-conv",
+    "keras_DenseNet121": "dense-conv",
+    "keras_DenseNet169": "dense-conv",
+    "keras_EfficientNetB0": "squeeze-excitation",
+    "keras_EfficientNetV2B0": "squeeze-excitation",
+    "keras_MobileNetV3Small": "squeeze-excitation",
+    "keras_ResNeXt26": "grouped-conv",  # built from Keras layers (collect_cost_model_data.sh)
+    "keras_NASNetMobile": "nas-cell",
+    "keras_ConvNeXtTiny": "convnext",
+    # TensorFlow zoo (Keras 3 on TF)
+    "tf_resnet50": "residual-conv",
+    "tf_vgg16": "plain-conv",
+    "tf_inception_v3": "inception",
+    "tf_bert_encoder": "encoder-attention",
+}
+
+
+def model_family(model: str) -> str:
+    """The family of a data set's model name (`keras:NAME` is read as `keras_NAME`);
+    DiscoInputError, one line, for a model `MODEL_FAMILIES` lacks."""
+    name = model.replace(":", "_", 1) if model.startswith(("keras:", "tf:")) else model
+    try:
+        return MODEL_FAMILIES[name]
+    except KeyError:
+        raise DiscoInputError(
+            model,
+            "no family for this model; add it to MODEL_FAMILIES in disco_xla/profiling/dataset.py",
+        ) from None
 
 
 @dataclass(frozen=True)

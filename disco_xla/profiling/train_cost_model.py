@@ -18,7 +18,8 @@ measured times. Samples whose group XLA emitted no kernel for (`kernel_count ==
 Evaluation: MAPE (mean |predicted - measured| / measured), median APE and Kendall
 τ-b between predicted and measured times, for the GNN and for the roofline of a
 cluster profile side by side. Split by model (`hold_out_model`) for honest
-figures: a model's kernels are then never seen in training.
+figures: a model's kernels are then never seen in training; `hold_out_models`
+and `only_models` hold out, and evaluate on, several models at once (a family).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import time
 import types
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -83,14 +85,17 @@ def train(
     max_steps: int | None = None,
     verbose: bool = False,
     max_seconds: float | None = None,
+    hold_out_models: Sequence[str] = (),
 ) -> tuple[GnnCostModel, dict]:
-    """Train on `dataset` (less `hold_out_model`'s kernels); returns the model
-    with the best validation loss and a report. `max_seconds` stops after the
-    epoch that reaches that much wall time (a budgeted run keeps its best model)."""
+    """Train on `dataset` (less the kernels of `hold_out_model` and of every model
+    in `hold_out_models`); returns the model with the best validation loss and a
+    report. `max_seconds` stops after the epoch that reaches that much wall time
+    (a budgeted run keeps its best model)."""
     import jax
 
     start_s = time.perf_counter()
-    data = _training_kernels(dataset, hold_out_model)
+    held_out = _held_out(hold_out_model, hold_out_models)
+    data = _training_kernels(dataset, held_out)
     # The vocabulary is the fixed one less the opcodes training never saw: those
     # go to the 'other' bucket, which learns from OTHER_FRACTION of the nodes.
     seen = set(data.node_opcode.tolist())
@@ -132,6 +137,7 @@ def train(
         "train_samples": len(train_data),
         "validation_samples": len(validation_data),
         "held_out_model": hold_out_model,
+        "held_out_models": held_out,
         "models": sorted(set(train_data.model.tolist())),
         "epochs": epochs_run,
         "best_epoch": best_epoch,
@@ -146,13 +152,21 @@ def train(
     return gnn, report
 
 
-def _training_kernels(dataset: KernelDataset, hold_out_model: str | None) -> KernelDataset:
-    """The measured kernels training sees: all but `hold_out_model`'s, at least two."""
+def _held_out(hold_out_model: str | None, hold_out_models: Sequence[str]) -> list[str]:
+    """The models to hold out: `hold_out_model` (if given) and `hold_out_models`."""
+    models = [hold_out_model] if hold_out_model is not None else []
+    return models + [m for m in hold_out_models if m not in models]
+
+
+def _training_kernels(dataset: KernelDataset, held_out: Sequence[str]) -> KernelDataset:
+    """The measured kernels training sees: all but the `held_out` models', at least two."""
     data = measured(dataset)
-    if hold_out_model is not None:
-        if hold_out_model not in set(data.model.tolist()):
-            raise DiscoInputError(hold_out_model, "no kernels of this model in the data set")
-        data = data.subset(np.flatnonzero(data.model != hold_out_model))
+    if held_out:
+        present = set(data.model.tolist())
+        for model in held_out:
+            if model not in present:
+                raise DiscoInputError(model, "no kernels of this model in the data set")
+        data = data.subset(np.flatnonzero(~np.isin(data.model, list(held_out))))
     if len(data) < 2:
         raise DiscoInputError("data set", f"{len(data)} measured kernels; too few to train")
     return data
@@ -294,14 +308,18 @@ def evaluate(
     dataset: KernelDataset,
     profile: ClusterProfile,
     only_model: str | None = None,
+    only_models: Sequence[str] = (),
 ) -> dict:
     """GNN and roofline error figures on the measured kernels of `dataset` (of
-    `only_model`, if given)."""
+    `only_model` and the `only_models`, if given)."""
     data = measured(dataset)
-    if only_model is not None:
-        data = data.subset(np.flatnonzero(data.model == only_model))
-        if not len(data):
-            raise DiscoInputError(only_model, "no kernels of this model in the data set")
+    selected = _held_out(only_model, only_models)
+    if selected:
+        present = set(data.model.tolist())
+        for name in selected:
+            if name not in present:
+                raise DiscoInputError(name, "no kernels of this model in the data set")
+        data = data.subset(np.flatnonzero(np.isin(data.model, selected)))
     if not len(data):
         raise DiscoInputError("data set", "no measured kernels")
     start = time.perf_counter()

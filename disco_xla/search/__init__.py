@@ -56,12 +56,17 @@ def optimize_with_candidates(
     compiled: HloModule | None = None,
     keep: int = 1,
     measured_s: dict[str, float] | None = None,
+    message_s: float | None = None,
 ) -> tuple[SearchResult, dict[str, tuple[Plan, float]]]:
     """`optimize`'s search, whole: its result, which keeps the `keep` best
     distinct plans (`SearchResult.top_plans`), and every baseline it started
     from as (plan, simulated seconds) by name (none without `compiled`).
     `measured_s` holds kernel times measured on this machine (structural hash
-    -> seconds): they are trusted first, `cost_model` gives the others."""
+    -> seconds): they are trusted first, `cost_model` gives the others.
+    `message_s`, when given, replaces the profile's cost of each collective
+    message (`ClusterProfile.collective_message_s`; learned by `planning`)."""
+    from dataclasses import replace
+
     from disco_xla.search.backtracking import greedy_fusion_plan, search
     from disco_xla.simulator.cost_models import (
         TableCostModel,
@@ -73,6 +78,8 @@ def optimize_with_candidates(
     from disco_xla.simulator.profiles import load_profile
 
     profile = load_profile(cluster)
+    if message_s is not None:
+        profile = replace(profile, collective_message_s=message_s)
     model = make_cost_model(cost_model, profile, table)
     if measured_s:
         model = TableCostModel(measured_s, fallback=model)
@@ -101,7 +108,11 @@ def optimize_with_candidates(
     simulated = {
         name: (
             baseline.plan,
-            simulate(build_task_graph(module, baseline.plan), profile, model).iteration_s,
+            simulate(
+                baseline.task_graph() if name == "xla" else build_task_graph(module, baseline.plan),
+                profile,
+                model,
+            ).iteration_s,
         )
         for name, baseline in baselines.items()
     }

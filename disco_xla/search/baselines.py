@@ -195,6 +195,13 @@ class Baseline:
         )
 
 
+def sends_tuples(name: str, profile: ClusterProfile) -> bool:
+    """Whether baseline `name`'s buckets go out as tuple all-reduces, one
+    message per tensor: XLA:CPU's combiner makes one tuple all-reduce; XLA:GPU's
+    sends each combined group as one message."""
+    return name in ("xla", "xla-overlap") and profile.execution != "gpu-streams"
+
+
 def baseline(
     name: str,
     original: HloModule,
@@ -357,15 +364,12 @@ def captured_baselines(
         except DiscoInputError as error:
             plan = xla_fusion
             note = f"{note} is not legal here ({error}); one all-reduce per gradient instead"
-        # XLA:CPU's combiner makes one tuple all-reduce; XLA:GPU's sends each
-        # combined group as one message.
-        tuple_buckets = name in ("xla", "xla-overlap") and not gpu
         baselines[name] = Baseline(
             name,
             module,
             plan,
             f"{fusion_note}, {note}",
-            tuple_buckets,
+            sends_tuples(name, profile),
             collectives_block_compute=gpu and name in RUN_BY_XLA,
         )
     return baselines

@@ -242,16 +242,20 @@ def communication_ps(
     after, each reading and writing its bytes at memory bandwidth, plus a launch.
     A tuple all-reduce (`tuple_element_bytes`, one size per tensor) copies
     nothing, and pays the profile's `tuple_all_reduce_element_s` for each tensor
-    after the first: XLA:CPU sends them one after another."""
+    after the first: XLA:CPU sends them one after another. Each message (the
+    collective, or each tensor of a tuple) also pays the profile's
+    `collective_message_s` (0 unless learned from measured steps)."""
     if tuple_element_bytes:
         extra_s = (len(tuple_element_bytes) - 1) * profile.tuple_all_reduce_element_s
+        extra_s += len(tuple_element_bytes) * profile.collective_message_s
         return to_ps(collective_s(kind, size_bytes, profile, comm_cost) + extra_s), 0
     copy_s = (
         2 * size_bytes / profile.memory_bandwidth_bytes_per_s + profile.kernel_launch_s
         if members > 1
         else 0.0
     )
-    return to_ps(collective_s(kind, size_bytes, profile, comm_cost)), to_ps(copy_s)
+    transfer_s = collective_s(kind, size_bytes, profile, comm_cost) + profile.collective_message_s
+    return to_ps(transfer_s), to_ps(copy_s)
 
 
 def graph_communication_ps(

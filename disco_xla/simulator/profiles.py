@@ -80,6 +80,13 @@ class ClusterProfile:
     # measures it (a psum over a tuple of 36 tensors took 11.0 ms on 2 gloo
     # processes, against 0.51 ms for the same bytes concatenated).
     tuple_all_reduce_element_s: float = 0.0
+    # What each message adds to a step beyond the communication model: each
+    # collective, and each tensor of a tuple all-reduce. Learned from step times
+    # measured on the machine (`simulator.step_time_fit`, by `planning`): on 4
+    # gloo processes a plan with many small buckets ran 8-15x its simulated time
+    # while one with a few ran 2x (benchmarks/BENCHMARKS.md, "Rank fidelity on 4
+    # processes"). 0 unless learned or set.
+    collective_message_s: float = 0.0
     # The host's cost of one step beyond its kernels and collectives (dispatch to
     # every worker, results handed back): step_overhead_s + step_buffer_s · (the
     # step's argument and result buffers). `disco-xla calibrate` measures both
@@ -137,6 +144,7 @@ _OPTIONAL = {
     "communication_streams": int,
     "compute_threads": int,
     "tuple_all_reduce_element_s": object,  # a number >= 0, checked below
+    "collective_message_s": object,  # a number >= 0, checked below
     "step_overhead_s": object,  # a number >= 0, checked below
     "step_buffer_s": object,  # a number >= 0, checked below
     "kernel_time_scale": object,  # a number > 0, checked below
@@ -220,6 +228,7 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
         tuple_all_reduce_element_s=_optional_number(
             data, "tuple_all_reduce_element_s", 0.0, source
         ),
+        collective_message_s=_optional_number(data, "collective_message_s", 0.0, source),
         step_overhead_s=_optional_number(data, "step_overhead_s", 0.0, source),
         step_buffer_s=_optional_number(data, "step_buffer_s", 0.0, source),
         kernel_time_scale=_optional_number(
