@@ -459,9 +459,12 @@ class _Trial:
                 entry["measured_s"] = self.measured_s[label]
             entry["chosen"] = label == chosen
             entries[label] = entry
+        original = entries.setdefault("original", {})
+        if "original" in self.simulated_s:  # XLA's own program, as the simulator sees it
+            original["simulated_s"] = self.simulated_s["original"]
         if "original" in self.measured_s:
-            entries["original"] = {"measured_s": self.measured_s["original"]}
-        entries.setdefault("original", {})["chosen"] = chosen == "original"
+            original["measured_s"] = self.measured_s["original"]
+        original["chosen"] = chosen == "original"
         return entries
 
     def why(self) -> str:

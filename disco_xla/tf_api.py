@@ -411,6 +411,8 @@ class _TfCandidates:
                 entry["from_cache"] = True
             entries[label] = entry
         entries["original"] = {"chosen": signature.step is None}
+        if "original" in simulated:  # XLA's own program, as the simulator sees it
+            entries["original"]["simulated_s"] = simulated["original"]
         if "original" in self.measured_s:
             entries["original"]["measured_s"] = self.measured_s["original"]
         if self.reuses_original:

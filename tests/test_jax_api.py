@@ -178,6 +178,7 @@ def test_jit_times_its_candidates_and_runs_the_fastest_equal_one(tmp_path):
     timed = {label: e for label, e in report.items() if "measured_s" in e and label != "original"}
     assert len(timed) >= 2, report  # the search's best and at least one other program
     assert all(e["equal"] and "simulated_s" in e for e in timed.values()), report
+    assert report["original"]["simulated_s"] > 0  # XLA's own program, simulated too
     assert all(report[e["same_as"]].get("equal") for e in report.values() if "same_as" in e)
     (chosen,) = [label for label, entry in report.items() if entry["chosen"]]
     (status,) = optimized.status()
