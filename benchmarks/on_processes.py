@@ -52,3 +52,25 @@ def worker_rows(directory: str, models: list[str], measure: Callable[[str, objec
     if jax.process_index() == 0:
         with open(os.path.join(directory, "rows.json"), "w") as file:
             json.dump(rows, file)
+
+
+def rows_for_args(script: str, args, devices: int, measure: Callable) -> list[dict] | None:
+    """The rows of a benchmark that takes --worker, --processes, --cluster,
+    --plans, --rounds and --max-evals: on a worker rank, measure its models and
+    return None; else on `args.processes` ranks (each model captured for
+    `devices` devices), or here, one `measure(name, args)` per model."""
+    if args.worker:
+        worker_rows(args.worker, args.models, lambda name, module: measure(name, args, module))
+        return None
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", devices)
+    if args.processes <= 1:
+        return [measure(name, args) for name in args.models]
+    from fusion_boundary_cost import captured
+
+    if args.processes != devices:
+        raise SystemExit(f"--processes: the modules are captured for {devices} devices")
+    forwarded = ["--cluster", args.cluster, "--plans", str(args.plans)]
+    forwarded += ["--rounds", str(args.rounds), "--max-evals", str(args.max_evals)]
+    return rows_on_processes(script, args.models, captured, forwarded, args.processes)

@@ -190,25 +190,11 @@ def main() -> None:
     args = parser.parse_args()
     if any(name.startswith("keras:") for name in args.models):
         os.environ["KERAS_BACKEND"] = "jax"
-    if args.worker:
-        from on_processes import worker_rows
+    from on_processes import rows_for_args
 
-        worker_rows(args.worker, args.models, lambda name, module: measure(name, args, module))
+    rows = rows_for_args(__file__, args, DEVICES, measure)
+    if rows is None:  # a worker rank: rank 0 of the launcher writes the rows
         return
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", DEVICES)
-    if args.processes > 1:
-        from fusion_boundary_cost import captured
-        from on_processes import rows_on_processes
-
-        if args.processes != DEVICES:
-            raise SystemExit(f"--processes: the modules are captured for {DEVICES} devices")
-        forwarded = ["--cluster", args.cluster, "--plans", str(args.plans)]
-        forwarded += ["--rounds", str(args.rounds), "--max-evals", str(args.max_evals)]
-        rows = rows_on_processes(__file__, args.models, captured, forwarded, args.processes)
-    else:
-        rows = [measure(name, args) for name in args.models]
     if args.json:
         print(json.dumps(rows, indent=1))
         return
