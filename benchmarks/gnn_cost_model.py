@@ -11,7 +11,10 @@ roofline (`--cluster` profile).
 a time (`MODEL_FAMILIES` in `disco_xla/profiling/dataset.py`; a model it lacks
 stops the run with a one-line error). Each row also gives the held-out family's
 own noise floor and whether the targets are met: GNN MAPE ≤ 25%, GNN τ ≥ 0.85,
-and GNN MAPE ≤ 1.5x the family's noise MAPE.
+and GNN MAPE ≤ 1.5x the family's noise MAPE. Every row also gives the GNN's
+level (the median of predicted / measured) and its MAPE once divided by that
+level: the error left after one scale for the held-out family, which a measured
+run could teach, so a wrong level and a wrong shape can be told apart.
 
 Each distinct kernel of a module counts once, with the median of its measured
 times. The noise is the measurement's own spread: the APE of each repeated
@@ -153,14 +156,16 @@ def print_table(rows: list[dict], by: str) -> None:
             )
         return
     print("| held-out family | models | kernels | GNN MAPE | GNN median APE | GNN τ |"
+          " GNN level | GNN MAPE at level |"
           " roofline MAPE | roofline τ | noise MAPE | noise median APE |"
           " MAPE ≤ 25% | τ ≥ 0.85 | MAPE ≤ 1.5x noise |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         gnn, roof, noise, met = row["gnn"], row["roofline"], row["noise"], row["targets_met"]
         print(
             f"| {row['held_out']} | {', '.join(row['held_out_models'])} | {row['samples']} | "
             f"{gnn['mape']:.1%} | {gnn['median_ape']:.1%} | {gnn['kendall_tau']:.3f} | "
+            f"{gnn['level']:.2f} | {gnn['mape_at_level']:.1%} | "
             f"{roof['mape']:.1%} | {roof['kendall_tau']:.3f} | {_percent(noise.get('mape'))} | "
             f"{_percent(noise.get('median_ape'))} | {_mark(met['mape'])} | "
             f"{_mark(met['kendall_tau'])} | {_mark(met['noise'])} |"

@@ -274,15 +274,22 @@ def _mape(predicted: np.ndarray, measured_s: np.ndarray) -> float:
 
 
 def error_figures(predicted_s: np.ndarray, measured_s: np.ndarray) -> dict:
-    """MAPE, median APE (fractions: 0.08 is 8%) and Kendall τ-b."""
+    """MAPE, median APE (fractions: 0.08 is 8%) and Kendall τ-b; `level`, the
+    median of predicted / measured (how far the whole set's level is off), and
+    `mape_at_level`, the MAPE once the predictions are divided by `level`: the
+    error that one scale for the whole set, learned from a measured run, would
+    leave."""
     from scipy.stats import kendalltau
 
     relative = np.abs(predicted_s - measured_s) / measured_s
     tau = kendalltau(predicted_s, measured_s).statistic if len(measured_s) > 1 else float("nan")
+    level = float(np.median(predicted_s / measured_s)) if len(measured_s) else float("nan")
     return {
         "mape": float(relative.mean()),
         "median_ape": float(np.median(relative)),
         "kendall_tau": float(tau),
+        "level": level,
+        "mape_at_level": _mape(predicted_s / level, measured_s),
     }
 
 

@@ -134,7 +134,7 @@ def test_every_family_is_held_out_once_and_never_trained_on(dataset, monkeypatch
         assert family not in row["train_families"]
         assert row["samples"] == KERNELS * len(held_out)  # distinct kernels, once each
         for name in ("gnn", "roofline"):
-            assert set(row[name]) == {"mape", "median_ape", "kendall_tau"}
+            assert set(row[name]) == {"mape", "median_ape", "kendall_tau", "level", "mape_at_level"}
         # The noise floor is the held-out family's own: each kernel ±10% around
         # its median of two.
         assert row["noise"] == measurement_noise(dataset, sorted(held_out))

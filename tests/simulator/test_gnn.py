@@ -13,7 +13,7 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.profiling.dataset import from_samples, save_dataset
 from disco_xla.profiling.sample_plans import measure_plan, measure_xla_compiled, sample_plans
-from disco_xla.profiling.train_cost_model import evaluate, train
+from disco_xla.profiling.train_cost_model import error_figures, evaluate, train
 from disco_xla.search.backtracking import greedy_fusion_plan
 from disco_xla.simulator.cost_models import make_cost_model
 from disco_xla.simulator.gnn import (
@@ -28,6 +28,8 @@ from disco_xla.simulator.kernel_features import KernelGraph, kernel_graph
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
 from tests.conftest import run_cli
+
+FIGURES = {"mape", "median_ape", "kendall_tau", "level", "mape_at_level"}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,7 @@ def test_a_saved_model_loads_and_predicts_the_same(trained, dataset, tmp_path):
         again.predict_features(features), model.predict_features(features), rtol=1e-5
     )
     figures = evaluate(again, dataset, load_profile("cpu-local"))
-    assert set(figures["gnn"]) == set(figures["roofline"]) == {"mape", "median_ape", "kendall_tau"}
+    assert set(figures["gnn"]) == set(figures["roofline"]) == FIGURES
 
 
 def test_an_unseen_opcode_still_predicts_and_warns_once(trained, caplog):
@@ -166,7 +168,7 @@ def test_train_and_eval_commands(dataset_file, tmp_path):
     report = json.loads(result.stdout)
     assert report["samples"] > 0
     for name in ("gnn", "roofline"):
-        assert set(report[name]) >= {"mape", "median_ape", "kendall_tau"}
+        assert set(report[name]) >= FIGURES
         assert report[name]["mape"] >= 0
 
 
@@ -228,3 +230,16 @@ def test_bytes_roofline_and_gnn_features_use_each_tensors_real_dtype():
     assert (found["f32"][1], found["bf16"][1]) == ("f32", "bf16")
     # The A100 profile's bf16 peak is above its f32 peak: the bf16 dot is faster.
     assert found["bf16"][2][0] < found["f32"][2][0]
+
+
+def test_error_figures_separate_a_wrong_level_from_a_wrong_shape():
+    measured = np.array([1.0, 2.0, 4.0, 8.0])
+    # Twice every time: the level is off, the shape is right.
+    doubled = error_figures(2 * measured, measured)
+    assert doubled["mape"] == pytest.approx(1.0) and doubled["kendall_tau"] == pytest.approx(1.0)
+    assert doubled["level"] == pytest.approx(2.0) and doubled["mape_at_level"] == pytest.approx(0.0)
+    # Right level, wrong shape: the two middle kernels swapped.
+    swapped = error_figures(np.array([1.0, 4.0, 2.0, 8.0]), measured)
+    assert swapped["level"] == pytest.approx(1.0)  # the median of the ratios 1, 2, 0.5, 1
+    assert swapped["mape_at_level"] == pytest.approx(swapped["mape"]) == pytest.approx(0.375)
+    assert swapped["kendall_tau"] < 1.0
