@@ -9,12 +9,12 @@ For each model (captured as in `fusion_boundary_cost.py` for 4 CPU devices):
    candidates (its best plans, the best baseline) and XLA's own program timed
    together on the same inputs in rotating rounds; their step times go to the
    plan cache (`planning.remember_measurement`), from which the next search
-   fits what each collective's message costs in a step here
-   (`simulator.step_time_fit`). In one process (--repeats > 0) the kernels of the
+   fits what each collective, and each tensor of a tuple all-reduce, costs in a
+   step here (`simulator.step_time_fit`). In one process (--repeats > 0) the kernels of the
    first plan and of XLA's own fusion are also timed under the profiler and kept
    (`planning.learn_kernel_times`, by structural hash);
-3. the second search: `find_plan` again, which now prices each message at the
-   learned cost and trusts the measured kernel times;
+3. the second search: `find_plan` again, which now prices each collective and
+   tuple tensor at the learned costs and trusts the measured kernel times;
 4. every candidate program of `rank_fidelity.py` (baselines, the first plan, its
    buckets alone, sampled plans) and the second plan, measured together in
    rotating rounds (`runtime.apply.time_candidates`), and simulated once as the
@@ -149,6 +149,7 @@ def measure(name: str, args, module=None) -> dict:
             {
                 "plan": second.plan.to_json(),
                 "message_s": second.candidates.message_s,
+                "tuple_element_s": second.candidates.tuple_element_s,
                 "table": table,
             }
         )
@@ -156,6 +157,7 @@ def measure(name: str, args, module=None) -> dict:
     learned = json.loads(broadcast(f"{topic}/second", second_search))
     second = Plan.from_json(learned["plan"], topic)
     table, message_s = learned["table"], learned["message_s"]
+    tuple_element_s = learned["tuple_element_s"]
     plans = candidate_plans(module, baselines, first, args.plans)
     plans = {"first": plans.pop("found"), "second": second, **plans}
     plans = {
@@ -173,7 +175,9 @@ def measure(name: str, args, module=None) -> dict:
     measured["xla"] = xla_s
     xla_graph = baselines["xla"].task_graph()
     before = simulated_times(module, plans, profile, None, xla_graph)
-    taught = dataclasses.replace(profile, collective_message_s=message_s)
+    taught = dataclasses.replace(
+        profile, collective_message_s=message_s, tuple_all_reduce_element_s=tuple_element_s
+    )
     after = simulated_times(module, plans, taught, table, xla_graph)
     # A program whose outputs differ from XLA's is refused by every entry
     # point, so the fastest that a user could be given is the yardstick.
@@ -190,6 +194,7 @@ def measure(name: str, args, module=None) -> dict:
         "processes": jax.process_count(),
         "learned_kernels": len(table),
         "learned_message_s": message_s,
+        "learned_tuple_element_s": tuple_element_s,
         "measured_run_s": run_s,
         "first_search_regret": regret["first"],
         "second_search_regret": regret["second"],
@@ -224,6 +229,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if any(name.startswith("keras:") for name in args.models):
+        os.environ["KERAS_BACKEND"] = "jax"
     from on_processes import rows_for_args
 
     rows = rows_for_args(__file__, args, DEVICES, measure)
@@ -235,7 +242,8 @@ def main() -> None:
     for row in rows:
         print(
             f"{row['model']} ({row['processes']} process(es); {row['learned_kernels']} kernels "
-            f"learned, {row['learned_message_s'] * 1e6:.1f} us a message): search regret "
+            f"learned, {row['learned_message_s'] * 1e6:.1f} us a collective, "
+            f"{row['learned_tuple_element_s'] * 1e6:.1f} us a tuple tensor): search regret "
             f"{row['first_search_regret']:.1%} first, {row['second_search_regret']:.1%} second"
             + (f" (the same program as {row['second_same_as']})" if row["second_same_as"] else "")
         )

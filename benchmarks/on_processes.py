@@ -73,4 +73,6 @@ def rows_for_args(script: str, args, devices: int, measure: Callable) -> list[di
         raise SystemExit(f"--processes: the modules are captured for {devices} devices")
     forwarded = ["--cluster", args.cluster, "--plans", str(args.plans)]
     forwarded += ["--rounds", str(args.rounds), "--max-evals", str(args.max_evals)]
+    if getattr(args, "passes", 1) != 1:
+        forwarded += ["--passes", str(args.passes)]
     return rows_on_processes(script, args.models, captured, forwarded, args.processes)

@@ -32,7 +32,7 @@ from pathlib import Path
 from disco_xla.plan import Plan
 from disco_xla.simulator.step_time_fit import StepTime
 
-CACHE_SCHEMA = 3
+CACHE_SCHEMA = 4
 _BUSY_TIMEOUT_S = 30.0
 
 
@@ -46,9 +46,11 @@ class CandidateRecord:
     fastest and computed the same as the original when measured ('original'
     when none was faster; None: not measured yet), and `measured_s` every
     timed program's median step time, the original's under 'original'.
-    `messages` is what each plan's program sends per step
-    (`step_time_fit.messages_per_step`), and `message_s` the per-message cost
-    its simulated times include (`ClusterProfile.collective_message_s`)."""
+    `messages` and `tuple_tensors` count each plan's program's collectives
+    and the tensors after the first of its tuple all-reduces per step
+    (`step_time_fit.message_counts`); `message_s` and `tuple_element_s` are
+    what its simulated times charge for each (`ClusterProfile.collective_message_s`,
+    `tuple_all_reduce_element_s`)."""
 
     plans: dict[str, Plan]
     simulated_s: dict[str, float] = field(default_factory=dict)
@@ -57,11 +59,13 @@ class CandidateRecord:
     messages: dict[str, int] = field(default_factory=dict)
     message_s: float = 0.0
     workers: int = 0  # the devices the module's step runs on (0: not known)
+    tuple_tensors: dict[str, int] = field(default_factory=dict)
+    tuple_element_s: float = 0.0
 
     def step_times(self) -> list[StepTime]:
-        """The measured programs whose message count and simulated time are
+        """The measured programs whose message counts and simulated time are
         known (the plans', and XLA's own as 'original'), each simulated with no
-        message cost."""
+        cost for a collective or a tuple tensor."""
         known = sorted(set(self.measured_s) & set(self.simulated_s) & set(self.messages))
         if "plan" not in self.plans:
             return []
@@ -76,8 +80,11 @@ class CandidateRecord:
                 module=self.plans["plan"].fingerprint,
                 program=program(label),
                 messages=self.messages[label],
-                simulated_s=self.simulated_s[label] - self.message_s * self.messages[label],
+                simulated_s=self.simulated_s[label]
+                - self.message_s * self.messages[label]
+                - self.tuple_element_s * self.tuple_tensors.get(label, 0),
                 measured_s=self.measured_s[label],
+                tuple_tensors=self.tuple_tensors.get(label, 0),
             )
             for label in known
             if label in self.plans or label == "original"
@@ -93,6 +100,8 @@ class CandidateRecord:
                 "messages": self.messages,
                 "message_s": self.message_s,
                 "workers": self.workers,
+                "tuple_tensors": self.tuple_tensors,
+                "tuple_element_s": self.tuple_element_s,
             },
             sort_keys=True,
         )
@@ -111,6 +120,8 @@ class CandidateRecord:
             {k: int(v) for k, v in data.get("messages", {}).items()},
             float(data.get("message_s", 0.0)),
             int(data.get("workers", 0)),
+            {k: int(v) for k, v in data.get("tuple_tensors", {}).items()},
+            float(data.get("tuple_element_s", 0.0)),
         )
 
 
@@ -176,11 +187,17 @@ class PlanCache:
                     "kernel TEXT NOT NULL, seconds REAL NOT NULL, samples INTEGER NOT NULL, "
                     "PRIMARY KEY (machine, kernel))"
                 )
+                columns = [row[1] for row in connection.execute("PRAGMA table_info(step_times)")]
+                if columns and "tuple_tensors" not in columns:
+                    # Kept before a tuple's tensors were counted apart from its
+                    # collective: their counts mean something else, so they go.
+                    connection.execute("DROP TABLE step_times")
                 connection.execute(
                     "CREATE TABLE IF NOT EXISTS step_times (machine TEXT NOT NULL, "
                     "workers INTEGER NOT NULL, module TEXT NOT NULL, program TEXT NOT NULL, "
                     "messages INTEGER NOT NULL, simulated_s REAL NOT NULL, "
-                    "measured_s REAL NOT NULL, PRIMARY KEY (machine, workers, module, program))"
+                    "measured_s REAL NOT NULL, tuple_tensors INTEGER NOT NULL, "
+                    "PRIMARY KEY (machine, workers, module, program))"
                 )
                 connection.commit()
             finally:
@@ -314,7 +331,7 @@ class PlanCache:
                     if known:
                         return False
                     connection.executemany(
-                        "INSERT OR IGNORE INTO step_times VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        "INSERT OR IGNORE INTO step_times VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         [
                             (
                                 machine,
@@ -324,6 +341,7 @@ class PlanCache:
                                 t.messages,
                                 t.simulated_s,
                                 t.measured_s,
+                                t.tuple_tensors,
                             )
                             for t in times
                         ],
@@ -341,15 +359,18 @@ class PlanCache:
             connection = self._connect()
             try:
                 rows = connection.execute(
-                    "SELECT module, program, messages, simulated_s, measured_s FROM step_times "
-                    "WHERE machine = ? AND workers = ? ORDER BY module, program",
+                    "SELECT module, program, messages, simulated_s, measured_s, tuple_tensors "
+                    "FROM step_times WHERE machine = ? AND workers = ? ORDER BY module, program",
                     (machine, workers),
                 ).fetchall()
             finally:
                 connection.close()
         except (sqlite3.Error, OSError):
             return []
-        return [StepTime(m, p, int(n), float(sim), float(meas)) for m, p, n, sim, meas in rows]
+        return [
+            StepTime(m, p, int(n), float(sim), float(meas), int(tensors))
+            for m, p, n, sim, meas, tensors in rows
+        ]
 
     def __len__(self) -> int:
         try:

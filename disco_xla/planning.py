@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
@@ -21,6 +22,9 @@ from disco_xla.plan_cache import (
     times_digest,
 )
 from disco_xla.settings import OptimizeSettings
+
+if TYPE_CHECKING:
+    from disco_xla.simulator.step_time_fit import CollectiveCosts
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,9 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     (`measured_alternatives`): from the cache when there, else searched and
     cached. The search reads the kernel times measured on this machine
     (`learn_kernel_times`) first, the settings' cost model for other kernels,
-    and prices each collective's message at what the step times measured
-    on this machine before imply (`learned_message_s`). A cached plan found
-    with a per-message cost far from today's is searched again."""
+    and prices each collective and each tuple tensor at what the step times
+    measured on this machine before imply (`learned_collective_costs`). A
+    cached plan found with costs far from today's is searched again."""
     from disco_xla.search import optimize_with_candidates
     from disco_xla.simulator.profiles import load_profile
 
@@ -66,7 +70,9 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     # Kernel times measured on this machine before: the search trusts them over
     # any cost model, and a new measurement makes a new search.
     measured_s = cache.kernel_times(machine_key(profile)) if cache is not None else {}
-    message_s = learned_message_s(cache, profile, module) if cache is not None else 0.0
+    learned = learned_collective_costs(cache, profile, module) if cache is not None else None
+    charged = learned.applied_to(profile) if learned is not None else profile
+    message_s, tuple_element_s = charged.collective_message_s, charged.tuple_all_reduce_element_s
     options = settings.search_options()
     if measured_s:
         options["measured_kernels"] = times_digest(measured_s)
@@ -75,9 +81,12 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
         plan = cache.get(key)
         if plan is not None and plan.fingerprint == module.fingerprint:
             record = cache.get_candidates(key) or CandidateRecord({"plan": plan})
-            # Searched again once what a message costs here has moved far from
-            # what the plan was found with (the first measured run teaches it).
-            if not _moved_far(record.message_s, message_s):
+            # Searched again once what a collective costs here has moved far
+            # from what the plan was found with (the first measured run teaches it).
+            if not (
+                _moved_far(record.message_s, message_s)
+                or _moved_far(record.tuple_element_s, tuple_element_s)
+            ):
                 return PlanChoice(plan, True, time.perf_counter() - started, record, key)
     try:  # XLA's own fusion: the search then starts from every baseline too
         from disco_xla.runtime.apply import NO_COMBINER
@@ -97,17 +106,23 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
         cost_model=settings.cost_model,
         keep=settings.candidates,
         measured_s=measured_s,
-        message_s=message_s,
+        learned=learned,
     )
     top_plans = found.top_plans or ((found.iteration_s, found.plan),)
     alternatives, simulated = measured_alternatives(top_plans, baselines, settings.candidates)
     plans = {"plan": found.plan, **alternatives}
-    messages = _messages(module, plans)
+    counts = _message_counts(module, plans)
     if "xla" in baselines:  # XLA's own program: what the first call times the others against
-        messages["original"] = _original_messages(module, baselines["xla"][0], profile)
+        counts["original"] = _original_message_counts(module, baselines["xla"][0], profile)
         simulated["original"] = baselines["xla"][1]
     record = CandidateRecord(
-        plans, simulated, messages=messages, message_s=message_s, workers=_workers(module)
+        plans,
+        simulated,
+        messages={label: collectives for label, (collectives, _) in counts.items()},
+        message_s=message_s,
+        workers=_workers(module),
+        tuple_tensors={label: tensors for label, (_, tensors) in counts.items()},
+        tuple_element_s=tuple_element_s,
     )
     if cache is not None:
         cache.put(key, found.plan)
@@ -116,7 +131,7 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
 
 
 def _moved_far(before_s: float, now_s: float) -> bool:
-    """Whether a learned per-message cost moved enough to search again: from
+    """Whether a learned cost moved enough to search again: from
     nothing to something (or back), or by more than 2x. Smaller moves keep the
     cached plan, so that each further measured module does not send every
     other one back to the search."""
@@ -131,33 +146,33 @@ def _workers(module: HloModule) -> int:
     return counts["num_replicas"] * counts["num_partitions"]
 
 
-def _messages(module: HloModule, plans: dict[str, Plan]) -> dict[str, int]:
-    """What each plan's program sends per step (`messages_per_step`)."""
+def _message_counts(module: HloModule, plans: dict[str, Plan]) -> dict[str, tuple[int, int]]:
+    """What each plan's program runs per step: (collectives, tuple tensors)
+    (`message_counts`)."""
     from disco_xla.simulator.kernels import build_task_graph
-    from disco_xla.simulator.step_time_fit import messages_per_step
+    from disco_xla.simulator.step_time_fit import message_counts
 
-    return {label: messages_per_step(build_task_graph(module, p)) for label, p in plans.items()}
+    return {label: message_counts(build_task_graph(module, p)) for label, p in plans.items()}
 
 
-def _original_messages(module: HloModule, xla_plan: Plan, profile) -> int:
+def _original_message_counts(module: HloModule, xla_plan: Plan, profile) -> tuple[int, int]:
     """What XLA's own program (its fusion, its combined all-reduces: the
-    `xla` baseline's plan) sends per step."""
+    `xla` baseline's plan) runs per step."""
     from disco_xla.search.baselines import sends_tuples
     from disco_xla.simulator.kernels import build_task_graph
-    from disco_xla.simulator.step_time_fit import messages_per_step
+    from disco_xla.simulator.step_time_fit import message_counts
 
-    return messages_per_step(build_task_graph(module, xla_plan, sends_tuples("xla", profile)))
+    return message_counts(build_task_graph(module, xla_plan, sends_tuples("xla", profile)))
 
 
-def learned_message_s(cache: PlanCache, profile, module: HloModule) -> float:
-    """The per-message cost of a collective inside a step on this machine
-    (`profile`) with `module`'s device count, fitted to the step times that
-    first calls measured here (`step_time_fit.fit_message_cost`); the
-    profile's own where they cannot tell."""
-    from disco_xla.simulator.step_time_fit import fit_message_cost
+def learned_collective_costs(cache: PlanCache, profile, module: HloModule) -> CollectiveCosts:
+    """What each collective and each tuple tensor cost inside a step on this
+    machine (`profile`) with `module`'s device count, fitted to the step times
+    that first calls measured here (`step_time_fit.fit_collective_costs`);
+    None for a cost they cannot tell (the profile's own then holds)."""
+    from disco_xla.simulator.step_time_fit import fit_collective_costs
 
-    fitted = fit_message_cost(cache.step_times(machine_key(profile), _workers(module)))
-    return profile.collective_message_s if fitted is None else fitted
+    return fit_collective_costs(cache.step_times(machine_key(profile), _workers(module)))
 
 
 def learn_kernel_times(settings: OptimizeSettings, times_s: dict[str, float]) -> bool:
@@ -179,7 +194,7 @@ def remember_measurement(
     'original') and every measured time beside the plan in the cache, so that
     the next first call on this machine runs that candidate without timing the
     others again. The step times also go to the machine's table that later
-    searches learn the cost of a collective from (`learned_message_s`)."""
+    searches learn the cost of a collective from (`learned_collective_costs`)."""
     from dataclasses import replace
 
     from disco_xla.simulator.profiles import load_profile

@@ -105,8 +105,8 @@ def test_a_damaged_candidates_entry_is_a_miss(tmp_path):
 
 def test_step_times_round_trip_and_each_module_keeps_its_first_measured_run(tmp_path):
     """A measured first call's step times come back by machine and device
-    count, without the message cost its simulation included; a module measured
-    again keeps the first run's."""
+    count, without the collective and tuple tensor costs its simulation
+    included; a module measured again keeps the first run's."""
     from disco_xla.plan_cache import CandidateRecord
 
     plans = {"plan": _plan(1), "candidate-2": Plan("module1", f"{1:064x}", (), (("r1",),))}
@@ -118,13 +118,15 @@ def test_step_times_round_trip_and_each_module_keeps_its_first_measured_run(tmp_
         messages={"plan": 2, "candidate-2": 10},
         message_s=0.0005,
         workers=4,
+        tuple_tensors={"plan": 4},
+        tuple_element_s=0.0001,
     )
     again = CandidateRecord.from_json(record.to_json(), "test")
     assert again == record
     times = record.step_times()  # 'original' has no plan: not kept
-    assert sorted((t.messages, t.simulated_s, t.measured_s) for t in times) == [
-        (2, pytest.approx(0.003), 0.005),
-        (10, pytest.approx(0.005), 0.020),
+    assert sorted((t.messages, t.tuple_tensors, t.simulated_s, t.measured_s) for t in times) == [
+        (2, 4, pytest.approx(0.0026), 0.005),
+        (10, 0, pytest.approx(0.005), 0.020),
     ]
     cache = PlanCache(tmp_path)
     assert cache.add_step_times("machine", 4, times)
@@ -133,3 +135,27 @@ def test_step_times_round_trip_and_each_module_keeps_its_first_measured_run(tmp_
     remeasured = [dataclasses.replace(t, measured_s=1.0) for t in times]
     assert not cache.add_step_times("machine", 4, remeasured)
     assert sorted(cache.step_times("machine", 4)) == sorted(times)
+
+
+def test_step_times_kept_before_tuple_tensors_were_counted_are_dropped(tmp_path):
+    """A cache whose step_times table predates the tuple tensor count (its
+    `messages` counted each tuple tensor) is emptied of them, not misread."""
+    import sqlite3
+
+    from disco_xla.simulator.step_time_fit import StepTime
+
+    connection = sqlite3.connect(tmp_path / "plans.sqlite")
+    with connection:
+        connection.execute(
+            "CREATE TABLE step_times (machine TEXT NOT NULL, workers INTEGER NOT NULL, "
+            "module TEXT NOT NULL, program TEXT NOT NULL, messages INTEGER NOT NULL, "
+            "simulated_s REAL NOT NULL, measured_s REAL NOT NULL, "
+            "PRIMARY KEY (machine, workers, module, program))"
+        )
+        connection.execute("INSERT INTO step_times VALUES ('m', 4, 'a', 'p', 40, 0.01, 0.02)")
+    connection.close()
+    cache = PlanCache(tmp_path)
+    assert cache.step_times("m", 4) == []
+    kept = [StepTime("a", "p", 2, 0.01, 0.02, 39)]
+    assert cache.add_step_times("m", 4, kept)
+    assert cache.step_times("m", 4) == kept

@@ -109,11 +109,17 @@ def test_step_times_measured_on_a_machine_price_its_collectives_in_the_next_sear
     costs there and plans with it: with messages measured dear, the plan sends
     fewer of them. Other device counts do not read them."""
     from disco_xla.plan_cache import PlanCache, machine_key
-    from disco_xla.planning import find_plan, learned_message_s
+    from disco_xla.planning import find_plan, learned_collective_costs
     from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
-    from disco_xla.simulator.step_time_fit import StepTime, messages_per_step
+    from disco_xla.simulator.step_time_fit import StepTime, message_counts
+
+    def learned_message_s(cache, profile, step):
+        return learned_collective_costs(cache, profile, step).message_s
+
+    def messages_per_step(graph):
+        return message_counts(graph)[0]
 
     step = HloModule.from_bytes(captured["jax_pmap_step"][0], "step")
     # A network slow beside the compute, with no latency: sending each gradient

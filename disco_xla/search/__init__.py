@@ -16,6 +16,7 @@ from disco_xla.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from disco_xla.search.backtracking import SearchResult
+    from disco_xla.simulator.step_time_fit import CollectiveCosts
 
 
 def optimize(
@@ -56,17 +57,16 @@ def optimize_with_candidates(
     compiled: HloModule | None = None,
     keep: int = 1,
     measured_s: dict[str, float] | None = None,
-    message_s: float | None = None,
+    learned: CollectiveCosts | None = None,
 ) -> tuple[SearchResult, dict[str, tuple[Plan, float]]]:
     """`optimize`'s search, whole: its result, which keeps the `keep` best
     distinct plans (`SearchResult.top_plans`), and every baseline it started
     from as (plan, simulated seconds) by name (none without `compiled`).
     `measured_s` holds kernel times measured on this machine (structural hash
     -> seconds): they are trusted first, `cost_model` gives the others.
-    `message_s`, when given, replaces the profile's cost of each collective
-    message (`ClusterProfile.collective_message_s`; learned by `planning`)."""
-    from dataclasses import replace
-
+    `learned` collective costs, where known, replace the profile's cost of
+    each collective and of each tuple tensor (`ClusterProfile.collective_message_s`,
+    `tuple_all_reduce_element_s`; learned by `planning`)."""
     from disco_xla.search.backtracking import greedy_fusion_plan, search
     from disco_xla.simulator.cost_models import (
         TableCostModel,
@@ -78,8 +78,8 @@ def optimize_with_candidates(
     from disco_xla.simulator.profiles import load_profile
 
     profile = load_profile(cluster)
-    if message_s is not None:
-        profile = replace(profile, collective_message_s=message_s)
+    if learned is not None:
+        profile = learned.applied_to(profile)
     model = make_cost_model(cost_model, profile, table)
     if measured_s:
         model = TableCostModel(measured_s, fallback=model)

@@ -241,14 +241,26 @@ def communication_ps(
     several gradients sent as one message pays a concatenation before and a split
     after, each reading and writing its bytes at memory bandwidth, plus a launch.
     A tuple all-reduce (`tuple_element_bytes`, one size per tensor) copies
-    nothing, and pays the profile's `tuple_all_reduce_element_s` for each tensor
-    after the first: XLA:CPU sends them one after another. Each message (the
-    collective, or each tensor of a tuple) also pays the profile's
-    `collective_message_s` (0 unless learned from measured steps)."""
+    nothing. XLA:CPU sends its tensors one after another, so it costs the
+    collective of its largest tensor, each other tensor's share that grows with
+    its size (its collective's time less that of a 1-byte one), and the
+    profile's `tuple_all_reduce_element_s` for each tensor after the first. Its
+    bytes are never one buffer: priced as one, an 83 MB tuple of 156 tensors
+    fell where large buffers cost 5x more per byte here (Keras Xception; the
+    measured points of `cpu-local-inprocess`) and came out 6x dearer than the
+    sum of its tensors. Each collective, a tuple once, also pays the profile's
+    `collective_message_s` (0 unless learned from measured steps, as is a
+    learned tuple tensor cost: `step_time_fit`)."""
     if tuple_element_bytes:
-        extra_s = (len(tuple_element_bytes) - 1) * profile.tuple_all_reduce_element_s
-        extra_s += len(tuple_element_bytes) * profile.collective_message_s
-        return to_ps(collective_s(kind, size_bytes, profile, comm_cost) + extra_s), 0
+        ordered = sorted(tuple_element_bytes)
+        fixed_s = collective_s(kind, 1, profile, comm_cost)
+        transfer_s = collective_s(kind, ordered[-1], profile, comm_cost) + sum(
+            max(0.0, collective_s(kind, size, profile, comm_cost) - fixed_s)
+            for size in ordered[:-1]
+        )
+        extra_s = (len(ordered) - 1) * profile.tuple_all_reduce_element_s
+        extra_s += profile.collective_message_s
+        return to_ps(transfer_s + extra_s), 0
     copy_s = (
         2 * size_bytes / profile.memory_bandwidth_bytes_per_s + profile.kernel_launch_s
         if members > 1

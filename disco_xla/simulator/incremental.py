@@ -55,6 +55,7 @@ from disco_xla.simulator.kernels import (
     kernel_for,
     kernel_order,
     module_index,
+    tuple_element_sizes,
 )
 from disco_xla.simulator.profiles import ClusterProfile
 from disco_xla.simulator.streams import bucket_streams, streams_iteration_ps
@@ -177,9 +178,6 @@ class GroupCosts:
             ]
 
             def info(atoms, instr) -> CollectiveInfo:
-                # The last field: the tensor sizes when the instruction is a tuple
-                # all-reduce (see `build_task_graph`), else ().
-                leaves = tuple(leaf.bytes for leaf in instr.shape.leaves())
                 producer_atoms, reads = [], set()
                 for atom in atoms:
                     for source in index.inputs[atom]:
@@ -187,7 +185,7 @@ class GroupCosts:
                             producer_atoms.append(source)
                         else:
                             reads.add(source)
-                elements = leaves if len(leaves) > 1 else ()
+                elements = tuple_element_sizes(instr)  # () unless a tuple collective
                 runs = sum(index.instance_runs(*index.atoms[atom]) for atom in atoms)
                 return CollectiveInfo(
                     collective_bytes(instr),

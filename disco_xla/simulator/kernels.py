@@ -46,6 +46,8 @@ from disco_xla.hlo_passes.trip_counts import runs_per_call
 from disco_xla.plan import EXPENSIVE_OPCODES, NOT_FUSIBLE_OPCODES, Plan
 
 CONTROL_CALLS = frozenset({"call", "while", "conditional"})
+# Asynchronous starts whose tuple shape is (operand, result[, contexts]).
+_START_TUPLES = frozenset({"all-gather-start", "collective-permute-start"})
 # The chain of call sites (instruction names) that tells instances of a
 # computation called from several places apart; () for computations run once.
 CallKey = tuple[str, ...]
@@ -672,8 +674,17 @@ class _CommunicationTasks:
         self.runs.append(self.index.instance_runs(instr, key))
         self.kinds.append(collective_kind(instr))
         self.is_bucket.append(False)
-        elements = [leaf.bytes for leaf in instr.shape.leaves()]
-        self.tuple_element_bytes.append(tuple(elements) if len(elements) > 1 else ())
+        self.tuple_element_bytes.append(tuple_element_sizes(instr))
+
+
+def tuple_element_sizes(instr: Instruction) -> tuple[int, ...]:
+    """The bytes of each tensor of a tuple collective (one that sends several),
+    else (). An asynchronous start's tuple holds its operand and result (and
+    contexts), not tensors sent one after another."""
+    if instr.opcode in _START_TUPLES:
+        return ()
+    elements = tuple(leaf.bytes for leaf in instr.shape.leaves())
+    return elements if len(elements) > 1 else ()
 
 
 def _task_dependencies(

@@ -80,9 +80,10 @@ class ClusterProfile:
     # measures it (a psum over a tuple of 36 tensors took 11.0 ms on 2 gloo
     # processes, against 0.51 ms for the same bytes concatenated).
     tuple_all_reduce_element_s: float = 0.0
-    # What each message adds to a step beyond the communication model: each
-    # collective, and each tensor of a tuple all-reduce. Learned from step times
-    # measured on the machine (`simulator.step_time_fit`, by `planning`): on 4
+    # What each collective (a tuple all-reduce once) adds to a step beyond the
+    # communication model. Learned from step times measured on the machine,
+    # together with a step's tuple tensor cost, which then replaces the figure
+    # above (`simulator.step_time_fit`, by `planning`): on 4
     # gloo processes a plan with many small buckets ran 8-15x its simulated time
     # while one with a few ran 2x (benchmarks/BENCHMARKS.md, "Rank fidelity on 4
     # processes"). 0 unless learned or set.

@@ -1,6 +1,7 @@
 """`benchmarks/rank_fidelity.py` on one tiny model in one process: at least 8
-distinct programs, each measured and simulated, and the ranking figures computed
-from them (no timing checks: the figures are what they are on this machine)."""
+distinct programs, each measured (in two passes) and simulated, and the ranking
+figures computed from them (no timing checks: the figures are what they are on
+this machine)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_one_model_gets_eight_distinct_programs_and_its_ranking_figures():
     command = [sys.executable, "benchmarks/rank_fidelity.py", "--models", "gpt2_small"]
-    command += ["--rounds", "2", "--max-evals", "20", "--json"]
+    command += ["--rounds", "2", "--max-evals", "20", "--passes", "2", "--json"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = json.loads(result.stdout)
@@ -39,3 +40,12 @@ def test_one_model_gets_eight_distinct_programs_and_its_ranking_figures():
     assert row["kendall_tau"] == pytest.approx(fidelity.kendall_tau)
     assert row["top1_regret"] == pytest.approx(fidelity.top1_regret) and row["top1_regret"] >= 0
     assert row["simulator_choice"] == fidelity.simulator_choice in plans
+    # Two independent passes: the measured time is their mean, and the first
+    # pass ranked against the second gives the measurement's own figures.
+    first, second = row["passes_s"]
+    assert set(first) == set(second) == set(plans)
+    for label, cell in plans.items():
+        assert cell["measured_s"] == pytest.approx((first[label] + second[label]) / 2)
+    between = rank_fidelity(first, second)
+    assert row["between_passes_kendall_tau"] == pytest.approx(between.kendall_tau)
+    assert row["between_passes_top1_regret"] == pytest.approx(between.top1_regret)

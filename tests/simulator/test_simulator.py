@@ -138,6 +138,32 @@ def test_a_tuple_bucket_copies_nothing_and_pays_for_each_tensor_after_the_first(
     assert build_task_graph(module, plan).tuple_elements(0) == ()
 
 
+def test_a_tuple_bucket_pays_for_its_tensors_one_by_one_not_for_one_large_buffer(module):
+    """Where measured points make a large buffer dearer per byte than small
+    ones, a tuple all-reduce costs its largest tensor's collective plus the
+    size-dependent part of each other tensor's: XLA:CPU sends them one after
+    another, never as one buffer of their summed bytes."""
+    points = ((1024.0, 1e-4), (4096.0, 2e-4), (8192.0, 4e-3))  # 8 KB: 20x dearer
+    profile = dataclasses.replace(
+        load_profile("h200-1x8-nvlink"), all_reduce_points=points, tuple_all_reduce_element_s=5e-5
+    )
+    plan = dataclasses.replace(Plan.unfused(module), all_reduce_buckets=(("mean1", "mean2"),))
+    model = RooflineCostModel(profile)
+    (sent,) = [
+        e
+        for e in simulate(build_task_graph(module, plan, True), profile, model).events
+        if e.kind == "all-reduce"
+    ]
+    assert sent.end_s - sent.start_s == pytest.approx(2e-4 + (2e-4 - 1e-4) + 5e-5)
+    # Concatenated, the same bytes are one buffer of 8 KB.
+    (concatenated,) = [
+        e
+        for e in simulate(build_task_graph(module, plan), profile, model).events
+        if e.kind == "all-reduce"
+    ]
+    assert concatenated.end_s - concatenated.start_s == pytest.approx(4e-3)
+
+
 def test_a_tuple_shaped_all_reduce_is_a_tuple_all_reduce():
     text = TWO_GRADIENTS.replace(
         """  mean1 = f32[1024] all-reduce(grad1), replica_groups={{0,1}}, to_apply=sum

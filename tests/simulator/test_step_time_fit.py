@@ -1,6 +1,6 @@
-"""Learning what a collective's message costs inside a step from measured step
-times: the count of messages, the fit on a case with a known answer, and the
-charge in the simulator (full and incremental alike)."""
+"""Learning what a collective and a tuple all-reduce's tensor cost inside a step
+from measured step times: the counts, the fit on cases with a known answer, and
+the charge in the simulator (full and incremental alike)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,12 @@ from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
-from disco_xla.simulator.step_time_fit import StepTime, fit_message_cost, messages_per_step
+from disco_xla.simulator.step_time_fit import (
+    CollectiveCosts,
+    StepTime,
+    fit_collective_costs,
+    message_counts,
+)
 from tests.simulator.incremental_checks import local_changes_match_full_simulation
 
 
@@ -30,36 +35,59 @@ def _one_bucket(step: HloModule) -> Plan:
     return Plan(step.name, step.fingerprint, greedy.fusion_groups, (names,))
 
 
-def test_a_step_sends_a_message_per_collective_and_per_tuple_tensor(step):
+def test_a_step_counts_each_collective_once_and_a_tuples_tensors_apart(step):
     gradients = len(step.gradient_all_reduces)
     assert gradients >= 3
     one = _one_bucket(step)
     others = len(build_task_graph(step, one).communications) - 1  # e.g. the loss's mean
-    assert messages_per_step(build_task_graph(step, one)) == others + 1
-    assert messages_per_step(build_task_graph(step, Plan.unfused(step))) == others + gradients
-    # The same bucket sent as a tuple all-reduce: one message per tensor.
+    assert message_counts(build_task_graph(step, one)) == (others + 1, 0)
+    assert message_counts(build_task_graph(step, Plan.unfused(step))) == (others + gradients, 0)
+    # The same bucket sent as a tuple all-reduce: one collective, and every
+    # tensor after the first counted apart.
     tuple_graph = build_task_graph(step, one, tuple_buckets=True)
-    assert messages_per_step(tuple_graph) == others + gradients
+    assert message_counts(tuple_graph) == (others + 1, gradients - 1)
 
 
-def _programs(module: str, scale: float, message_s: float, shapes) -> list[StepTime]:
+def _programs(module: str, scale: float, message_s: float, shapes, tensor_s: float = 0.0):
     return [
-        StepTime(module, f"p{i}", n, s, scale * (s + message_s * n))
-        for i, (n, s) in enumerate(shapes)
+        StepTime(module, f"p{i}", n, s, scale * (s + message_s * n + tensor_s * t), t)
+        for i, (n, s, t) in enumerate(shape if len(shape) == 3 else (*shape, 0) for shape in shapes)
     ]
 
 
 def test_the_fit_finds_the_message_cost_that_made_the_times():
     """Two modules measured at different speeds (scale 2 and 0.5), each
-    message costing 1 ms beyond the simulation: the fit finds 1 ms."""
+    collective costing 1 ms beyond the simulation: the fit finds 1 ms, and
+    cannot tell a tuple tensor's cost (no program sends a tuple)."""
     observed = _programs("a", 2.0, 1e-3, [(1, 1e-3), (10, 1.1e-3), (100, 1.5e-3)])
     observed += _programs("b", 0.5, 1e-3, [(2, 5e-3), (40, 6e-3)])
-    assert fit_message_cost(observed) == pytest.approx(1e-3)
+    learned = fit_collective_costs(observed)
+    assert learned.message_s == pytest.approx(1e-3) and learned.tuple_element_s is None
     # Times that the simulation explains alone: no message cost.
-    assert fit_message_cost(_programs("a", 3.0, 0.0, [(1, 1e-3), (50, 2e-3)])) == 0.0
-    # Programs that send as many messages as each other cannot tell.
-    assert fit_message_cost(_programs("a", 2.0, 1e-3, [(5, 1e-3), (5, 2e-3)])) is None
-    assert fit_message_cost([]) is None
+    assert fit_collective_costs(_programs("a", 3.0, 0.0, [(1, 1e-3), (50, 2e-3)])).message_s == 0
+    # Programs that run as many collectives as each other cannot tell.
+    same = fit_collective_costs(_programs("a", 2.0, 1e-3, [(5, 1e-3), (5, 2e-3)]))
+    assert same.message_s is None and same.tuple_element_s is None
+    assert fit_collective_costs([]) == CollectiveCosts(None, None)
+
+
+def test_the_fit_tells_a_tuples_tensors_from_its_collectives():
+    """XLA's one tuple all-reduce of 100 tensors beside plans of 100 separate
+    all-reduces: in one process the devices meet once per collective (10 ms
+    each here) and a tuple's tensors cost little (0.1 ms each). Counting a
+    tuple's tensors as collectives could not explain the tuple running fastest;
+    the fit finds both costs."""
+    shapes = [(2, 0.50, 99), (101, 0.48, 0), (21, 0.49, 0), (6, 0.495, 0)]
+    observed = _programs("xception", 1.3, 1e-2, shapes, tensor_s=1e-4)
+    observed += _programs("densenet", 0.8, 1e-2, [(2, 0.2, 300), (250, 0.19, 0), (9, 0.2, 0)], 1e-4)
+    learned = fit_collective_costs(observed)
+    assert learned.message_s == pytest.approx(1e-2)
+    assert learned.tuple_element_s == pytest.approx(1e-4)
+    # On gloo processes each tensor is a message: the two costs come out alike.
+    gloo = _programs("bert", 1.0, 2e-3, [(2, 0.05, 150), (152, 0.04, 0), (5, 0.045, 0)], 2e-3)
+    learned = fit_collective_costs(gloo)
+    assert learned.message_s == pytest.approx(2e-3, rel=0.26)
+    assert learned.tuple_element_s == pytest.approx(2e-3, rel=0.26)
 
 
 def test_the_simulator_charges_each_message(step):
@@ -78,7 +106,19 @@ def test_the_simulator_charges_each_message(step):
         )
 
     many, one = Plan.unfused(step), _one_bucket(step)
-    one_messages = messages_per_step(build_task_graph(step, one))
+    one_messages, _ = message_counts(build_task_graph(step, one))
     assert added_s(one) == pytest.approx(0.05 * one_messages, rel=0.01)
     assert added_s(many) >= 0.05 * (one_messages + len(step.gradient_all_reduces) - 1) * 0.99
     assert local_changes_match_full_simulation(step, many, charged, model, seed=3) > 0
+    # A tuple all-reduce is charged once as a collective, and its tensors after
+    # the first at the tuple tensor cost.
+    tuple_graph = build_task_graph(step, one, tuple_buckets=True)
+    collectives, tensors = message_counts(tuple_graph)
+    assert tensors >= 2
+    dear_tensors = dataclasses.replace(charged, tuple_all_reduce_element_s=0.2)
+    plain = dataclasses.replace(profile, tuple_all_reduce_element_s=0.0)
+    added = (
+        simulate(tuple_graph, dear_tensors, model).iteration_s
+        - simulate(tuple_graph, plain, model).iteration_s
+    )
+    assert added == pytest.approx(0.05 * collectives + 0.2 * tensors, rel=0.01)
