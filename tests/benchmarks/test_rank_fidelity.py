@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_one_model_gets_eight_distinct_programs_and_its_ranking_figures():
     command = [sys.executable, "benchmarks/rank_fidelity.py", "--models", "gpt2_small"]
-    command += ["--rounds", "2", "--max-evals", "20", "--passes", "2", "--json"]
+    command += ["--rounds", "1", "--max-evals", "20", "--passes", "2", "--json"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = json.loads(result.stdout)
