@@ -150,8 +150,20 @@ def main() -> None:
     parser.add_argument("rows", help="rank_fidelity.py --passes 2 --json output")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with open(args.rows) as file:
-        rows = [row for row in json.load(file) if "passes_s" in row]
+    try:
+        with open(args.rows) as file:
+            rows = [row for row in json.load(file) if "passes_s" in row]
+    except (OSError, ValueError, TypeError) as error:
+        print(
+            f"cross_pass_learning: {args.rows}: not rank_fidelity JSON rows ({error})",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    if not rows:
+        print(
+            f"cross_pass_learning: {args.rows}: no rows measured with --passes 2", file=sys.stderr
+        )
+        sys.exit(2)
     if any(row["model"].startswith("keras:") for row in rows):
         os.environ["KERAS_BACKEND"] = "jax"
     import jax
