@@ -63,7 +63,11 @@ def main() -> int:
     model.predict_kernels(kernels)
     uncached_s = time.perf_counter() - start
 
-    features = featurize(stack_graphs([kernel_graph(k) for k in kernels]), model.config.opcodes)
+    features = featurize(
+        stack_graphs([kernel_graph(k) for k in kernels]),
+        model.config.opcodes,
+        model.config.feature_set,
+    )
     model.predict_features(features)
     start = time.perf_counter()
     model.predict_features(features)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.simulator.kernel_features import MAX_RANK, KernelGraph
+from disco_xla.simulator.kernel_features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
 
-SCHEMA = "disco-xla-kernels/1"
+SCHEMA = "disco-xla-kernels/2"  # 2: node_attributes
 
 # Model name (as in a data set: the module file's name up to its first '.') ->
 # architecture family. JAX zoo models go by their zoo names; keras.applications
@@ -106,6 +106,7 @@ class KernelDataset:
     node_out_bytes: np.ndarray
     node_in_bytes: np.ndarray
     node_is_output: np.ndarray
+    node_attributes: np.ndarray  # [N, len(ATTRIBUTE_NAMES)] float64
     edge_sender: np.ndarray  # [E] local node index
     edge_receiver: np.ndarray
     edge_bytes: np.ndarray
@@ -138,6 +139,7 @@ class KernelDataset:
             out_bytes=self.node_out_bytes[n0:n1],
             in_bytes=self.node_in_bytes[n0:n1],
             is_output=self.node_is_output[n0:n1],
+            attributes=self.node_attributes[n0:n1],
             senders=self.edge_sender[e0:e1],
             receivers=self.edge_receiver[e0:e1],
             edge_bytes=self.edge_bytes[e0:e1],
@@ -176,6 +178,7 @@ _NODE_FIELDS = (
     "node_out_bytes",
     "node_in_bytes",
     "node_is_output",
+    "node_attributes",
 )
 _EDGE_FIELDS = ("edge_sender", "edge_receiver", "edge_bytes")
 _GRAPH_FIELDS = (
@@ -214,6 +217,7 @@ def from_samples(samples: Sequence[KernelSample]) -> KernelDataset:
         node_out_bytes=cat([g.out_bytes for g in graphs], np.float64),
         node_in_bytes=cat([g.in_bytes for g in graphs], np.float64),
         node_is_output=cat([g.is_output for g in graphs], bool),
+        node_attributes=cat([g.attributes for g in graphs], np.float64, len(ATTRIBUTE_NAMES)),
         edge_sender=cat([g.senders for g in graphs], np.int64),
         edge_receiver=cat([g.receivers for g in graphs], np.int64),
         edge_bytes=cat([g.edge_bytes for g in graphs], np.float64),

@@ -36,6 +36,7 @@ from disco_xla.profiling.dataset import KernelDataset
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.gnn import BATCH_GRAPHS as PREDICT_BATCH
 from disco_xla.simulator.gnn import (
+    LATEST_FEATURE_SET,
     GnnCostModel,
     NetworkConfig,
     batch,
@@ -86,6 +87,7 @@ def train(
     verbose: bool = False,
     max_seconds: float | None = None,
     hold_out_models: Sequence[str] = (),
+    feature_set: int = LATEST_FEATURE_SET,
 ) -> tuple[GnnCostModel, dict]:
     """Train on `dataset` (less the kernels of `hold_out_model` and of every model
     in `hold_out_models`); returns the model with the best validation loss and a
@@ -99,20 +101,23 @@ def train(
     # The vocabulary is the fixed one less the opcodes training never saw: those
     # go to the 'other' bucket, which learns from OTHER_FRACTION of the nodes.
     seen = set(data.node_opcode.tolist())
-    config = config or NetworkConfig(opcodes=tuple(o for o in OPCODE_VOCABULARY if o in seen))
+    config = config or NetworkConfig(
+        opcodes=tuple(o for o in OPCODE_VOCABULARY if o in seen), feature_set=feature_set
+    )
     train_data, validation_data = _split(data, seed)
     log_s = np.log(train_data.time_s)
     mean, std = float(log_s.mean()), float(max(log_s.std(), 1e-3))
     train_targets = ((log_s - mean) / std).astype(np.float32)
     validation_targets = ((np.log(validation_data.time_s) - mean) / std).astype(np.float32)
-    predict_validation = _batched_predictor(config, featurize(validation_data, config.opcodes))
+    validation_features = featurize(validation_data, config.opcodes, config.feature_set)
+    predict_validation = _batched_predictor(config, validation_features)
 
     def validation_loss(params) -> float:
         return float(np.mean((predict_validation(params) - validation_targets) ** 2))
 
     model = network(config)
     rng = np.random.default_rng(seed)
-    first_graph = batch(featurize(train_data, config.opcodes), 0, 1)
+    first_graph = batch(featurize(train_data, config.opcodes, config.feature_set), 0, 1)
     params = model.init(jax.random.PRNGKey(seed), first_graph)
     initial_loss = validation_loss(params)
     run = _EpochRun(model, params, config, train_data, train_targets, rng, max_steps)
@@ -221,7 +226,7 @@ class _EpochRun:
         """One pass over a shuffled copy of the training kernels."""
         order = self.rng.permutation(len(self.train_data))
         shuffled = self.train_data.subset(order)
-        features = featurize(shuffled, self.config.opcodes)
+        features = featurize(shuffled, self.config.opcodes, self.config.feature_set)
         shown_as_other = self.rng.random(len(features.opcode)) < OTHER_FRACTION
         features.opcode[shown_as_other] = len(self.config.opcodes)
         targets = self.train_targets[order]
@@ -330,7 +335,8 @@ def evaluate(
     if not len(data):
         raise DiscoInputError("data set", "no measured kernels")
     start = time.perf_counter()
-    predicted = model.predict_features(featurize(data, model.config.opcodes))
+    features = featurize(data, model.config.opcodes, model.config.feature_set)
+    predicted = model.predict_features(features)
     predict_s = time.perf_counter() - start
     return {
         "samples": len(data),

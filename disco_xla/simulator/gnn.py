@@ -4,8 +4,10 @@ that predicts the kernel's log-time (DisCo's learned cost model, design notes §
 Input, one `jraph.GraphsTuple` per kernel (`kernel_features.kernel_graph`):
 - nodes: an opcode embedding over a fixed vocabulary with an 'other' bucket, a
   one-hot dtype, log2(1 + dim) for up to `MAX_RANK` dims, rank, and log2(1 + x) of
-  the instruction's FLOPs, result bytes and bytes read from outside the kernel, and
-  whether its result leaves the kernel;
+  the instruction's FLOPs, result bytes and bytes read from outside the kernel,
+  whether its result leaves the kernel, and (feature set 2) log2 of its structural
+  attributes: window, strides, groups, fan-in, minor dimension, and whether a
+  transpose moves the minor dimension (`kernel_features.ATTRIBUTE_NAMES`);
 - edges: operand → user, with log2(1 + tensor bytes);
 - globals: log2(1 + x) of the kernel's FLOPs, bytes in, bytes out and node count:
   the roofline's inputs, so a kernel of unseen opcodes still gets a sensible time.
@@ -40,6 +42,7 @@ import numpy as np
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.simulator.kernel_features import (
+    ATTRIBUTE_NAMES,
     DTYPE_VOCABULARY,
     MAX_RANK,
     OPCODE_VOCABULARY,
@@ -58,6 +61,11 @@ log = logging.getLogger(__name__)
 
 NODE_FEATURES = len(DTYPE_VOCABULARY) + 1 + MAX_RANK + 5
 GLOBAL_FEATURES = 4
+# Feature sets: 1, the features above; 2, those and each node's structural
+# attributes (`kernel_features.ATTRIBUTE_NAMES`). A model's config names its set;
+# weights written before sets existed read as set 1.
+FEATURE_SETS = (1, 2)
+LATEST_FEATURE_SET = 2
 
 
 def default_model_directory(device: str = DEFAULT_DEVICE) -> Path:
@@ -82,6 +90,7 @@ class FlatGraphs(Protocol):
     node_out_bytes: np.ndarray
     node_in_bytes: np.ndarray
     node_is_output: np.ndarray
+    node_attributes: np.ndarray
     edge_sender: np.ndarray
     edge_receiver: np.ndarray
     edge_bytes: np.ndarray
@@ -102,6 +111,7 @@ class StackedGraphs:
     node_out_bytes: np.ndarray
     node_in_bytes: np.ndarray
     node_is_output: np.ndarray
+    node_attributes: np.ndarray
     edge_sender: np.ndarray
     edge_receiver: np.ndarray
     edge_bytes: np.ndarray
@@ -128,6 +138,9 @@ def stack_graphs(graphs: Sequence[KernelGraph]) -> StackedGraphs:
         node_out_bytes=cat([g.out_bytes for g in graphs], np.float64),
         node_in_bytes=cat([g.in_bytes for g in graphs], np.float64),
         node_is_output=cat([g.is_output for g in graphs], bool),
+        node_attributes=cat(
+            [g.attributes for g in graphs], np.float64, (0, len(ATTRIBUTE_NAMES))
+        ).reshape(-1, len(ATTRIBUTE_NAMES)),
         edge_sender=cat([g.senders for g in graphs], np.int64),
         edge_receiver=cat([g.receivers for g in graphs], np.int64),
         edge_bytes=cat([g.edge_bytes for g in graphs], np.float64),
@@ -174,9 +187,14 @@ class Features:
         return len(self.globals)
 
 
-def featurize(flat: FlatGraphs, opcodes: Sequence[str] = OPCODE_VOCABULARY) -> Features:
+def featurize(
+    flat: FlatGraphs,
+    opcodes: Sequence[str] = OPCODE_VOCABULARY,
+    feature_set: int = LATEST_FEATURE_SET,
+) -> Features:
     """The network's input features of every graph in `flat` (see the module
-    docstring); log2 values are scaled by 1/32 to stay near [0, 1]."""
+    docstring and FEATURE_SETS); log2 values are scaled by 1/32 (attributes by
+    1/16) to stay near [0, 1]."""
     opcode, unknown = _index(flat.node_opcode, opcodes)
     dtype, _ = _index(flat.node_dtype, DTYPE_VOCABULARY)
     count = len(opcode)
@@ -192,9 +210,11 @@ def featurize(flat: FlatGraphs, opcodes: Sequence[str] = OPCODE_VOCABULARY) -> F
         ],
         axis=-1,
     ).reshape(count, 5)
-    nodes = np.concatenate(
-        [dtype_one_hot, _log2p(flat.node_dims.astype(np.float64)) / 16, scalars], axis=-1
-    ).astype(np.float32)
+    parts = [dtype_one_hot, _log2p(flat.node_dims.astype(np.float64)) / 16, scalars]
+    if feature_set >= 2:
+        attributes = np.asarray(flat.node_attributes, np.float64).reshape(count, -1)
+        parts.append(np.log2(np.maximum(attributes, 2.0**-16)) / 16)
+    nodes = np.concatenate(parts, axis=-1).astype(np.float32)
     edge_graph = np.repeat(np.arange(len(flat.edge_offsets) - 1), np.diff(flat.edge_offsets))
     base = flat.node_offsets[:-1][edge_graph]
     node_counts = np.diff(flat.node_offsets)
@@ -254,6 +274,7 @@ class NetworkConfig:
     layers: int = 3
     opcode_embedding: int = 16
     opcodes: tuple[str, ...] = tuple(OPCODE_VOCABULARY)
+    feature_set: int = LATEST_FEATURE_SET
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "opcodes": list(self.opcodes)}
@@ -373,7 +394,13 @@ class GnnCostModel:
                 layers=int(network_config["layers"]),
                 opcode_embedding=int(network_config["opcode_embedding"]),
                 opcodes=tuple(str(o) for o in network_config["opcodes"]),
+                feature_set=int(network_config.get("feature_set", 1)),
             )
+            if config.feature_set not in FEATURE_SETS:
+                raise DiscoInputError(
+                    directory,
+                    f"feature set {config.feature_set}, this version reads {FEATURE_SETS}",
+                )
             mean, std = float(data["target_log_s_mean"]), float(data["target_log_s_std"])
             params: dict[str, dict[str, Any]] = {}
             with np.load(os.path.join(directory, "params.npz"), allow_pickle=False) as arrays:
@@ -400,7 +427,8 @@ class GnnCostModel:
         # Abstract evaluation only: loading must not start JAX's backends (the CLI
         # sets the CPU device count after building the cost model).
         key = jax.ShapeDtypeStruct((2,), np.uint32)
-        expected = jax.eval_shape(network(self.config).init, key, batch(_tiny_features(), 0, 1))
+        tiny = batch(_tiny_features(self.config.feature_set), 0, 1)
+        expected = jax.eval_shape(network(self.config).init, key, tiny)
         for module, values in expected.items():
             for name, shape in values.items():
                 got = self.params.get(module, {}).get(name)
@@ -430,7 +458,8 @@ class GnnCostModel:
     def predict_graphs(self, graphs: Sequence[KernelGraph]) -> np.ndarray:
         if not graphs:
             return np.zeros(0)
-        return self.predict_features(featurize(stack_graphs(graphs), self.config.opcodes))
+        flat = stack_graphs(graphs)
+        return self.predict_features(featurize(flat, self.config.opcodes, self.config.feature_set))
 
     def kernels_s(self, graph: TaskGraph) -> list[float]:
         """Predicted times of all the graph's kernels: cached ones by structural
@@ -465,7 +494,7 @@ class GnnCostModel:
         self._hash_of.clear()
 
 
-def _tiny_features() -> Features:
+def _tiny_features(feature_set: int = LATEST_FEATURE_SET) -> Features:
     """One one-node graph, to trace the network's parameter shapes."""
     one = KernelGraph(
         opcodes=("add",),
@@ -476,6 +505,7 @@ def _tiny_features() -> Features:
         out_bytes=np.ones(1),
         in_bytes=np.ones(1),
         is_output=np.ones(1, bool),
+        attributes=np.ones((1, len(ATTRIBUTE_NAMES))),
         senders=np.zeros(0, np.int64),
         receivers=np.zeros(0, np.int64),
         edge_bytes=np.zeros(0),
@@ -483,4 +513,4 @@ def _tiny_features() -> Features:
         kernel_bytes_in=1.0,
         kernel_bytes_out=1.0,
     )
-    return featurize(stack_graphs([one]))
+    return featurize(stack_graphs([one]), feature_set=feature_set)

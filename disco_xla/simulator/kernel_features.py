@@ -1,7 +1,9 @@
 """A fused kernel as a small graph of instructions: what the GNN cost model reads.
 
 `kernel_graph(kernel)` turns a `Kernel` (one op-fusion group) into plain arrays:
-one node per instruction (opcode, dtype, dims, FLOPs, bytes) and one edge per
+one node per instruction (opcode, dtype, dims, FLOPs, bytes, and the structural
+attributes of `ATTRIBUTE_NAMES`: window, strides, groups, fan-in, the minor
+dimension and whether a transpose moves it) and one edge per
 operand → user pair inside the kernel, weighted by the tensor's bytes. A `fusion`
 instruction (a kernel of a compiled module) is opened up: its fused computation's
 instructions become the nodes, its parameters the kernel's inputs. The profiling
@@ -35,6 +37,15 @@ OPCODE_VOCABULARY = (
 OTHER = "other"
 DTYPE_VOCABULARY = ("pred", "s8", "s16", "s32", "s64", "u8", "u32", "f16", "bf16", "f32", "f64")
 
+# Per-node attributes that FLOPs and bytes do not show, which set how fast a CPU
+# runs the same work: a convolution's (or window reduction's) window elements and
+# stride product, a convolution's groups (feature x batch group count: depthwise
+# when it equals the channels), the elements of the largest operand per result
+# element (a reduction's fan-in; below 1 for a broadcast), the size of the minor
+# (last, row-major) dimension of the result, which sets vector width, and whether
+# a transpose moves that minor dimension (a strided, cache-unfriendly copy).
+ATTRIBUTE_NAMES = ("window", "stride", "groups", "fan_in", "minor_dim", "transposes_minor")
+
 
 @dataclass(frozen=True)
 class KernelGraph:
@@ -48,6 +59,7 @@ class KernelGraph:
     out_bytes: np.ndarray  # [nodes] float64: the result's size
     in_bytes: np.ndarray  # [nodes] float64: operands read from outside the kernel
     is_output: np.ndarray  # [nodes] bool: the result leaves the kernel
+    attributes: np.ndarray  # [nodes, len(ATTRIBUTE_NAMES)] float64, raw values
     senders: np.ndarray  # [edges] int64: operand node
     receivers: np.ndarray  # [edges] int64: user node
     edge_bytes: np.ndarray  # [edges] float64
@@ -93,6 +105,29 @@ def _dims(instr: Instruction) -> tuple[str, tuple[int, ...]]:
     return largest.element_type, dims
 
 
+def node_attributes(instr: Instruction) -> tuple[float, ...]:
+    """`instr`'s values of ATTRIBUTE_NAMES (1 where an attribute does not apply;
+    0 for `transposes_minor` off transposes)."""
+    proto = instr.proto
+    opcode = instr.opcode
+    window = stride = groups = 1.0
+    if opcode in ("convolution", "reduce-window", "select-and-scatter"):
+        for dimension in proto.window.dimensions:
+            window *= max(dimension.size, 1)
+            stride *= max(dimension.stride, 1)
+    if opcode == "convolution":
+        groups = float(max(proto.feature_group_count, 1) * max(proto.batch_group_count, 1))
+    elements = max(instr.shape.elements, 1)
+    operand_elements = max((o.shape.elements for o in instr.operands), default=elements)
+    fan_in = max(operand_elements, 1) / elements
+    dims = _dims(instr)[1]
+    minor = float(dims[-1]) if dims else 1.0
+    moves_minor = 0.0
+    if opcode == "transpose" and len(proto.dimensions) > 1:
+        moves_minor = float(proto.dimensions[-1] != len(proto.dimensions) - 1)
+    return (window, stride, groups, fan_in, max(minor, 1.0), moves_minor)
+
+
 def kernel_graph(kernel: Kernel) -> KernelGraph:
     """The instruction graph of `kernel` (see the module docstring)."""
     nodes, stands_for = _expanded(kernel.instructions)
@@ -105,6 +140,7 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
     out_bytes = np.zeros(count)
     in_bytes = np.zeros(count)
     is_output = np.zeros(count, bool)
+    attributes = np.ones((count, len(ATTRIBUTE_NAMES)))
     dtypes = []
     senders, receivers, edge_bytes = [], [], []
     for k, node in enumerate(nodes):
@@ -114,6 +150,7 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
         ranks[k] = len(shape_dims)
         flops[k] = node.flops
         out_bytes[k] = node.shape.bytes
+        attributes[k] = node_attributes(node)
         for operand in node.operands:
             source = stands_for.get(id(operand), operand)
             if id(source) in index:
@@ -138,6 +175,7 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
         out_bytes=out_bytes,
         in_bytes=in_bytes,
         is_output=is_output,
+        attributes=attributes,
         senders=np.array(senders, np.int64),
         receivers=np.array(receivers, np.int64),
         edge_bytes=np.array(edge_bytes, np.float64),

@@ -23,7 +23,7 @@ from disco_xla.profiling.dataset import (
     save_dataset,
 )
 from disco_xla.simulator.gnn import NetworkConfig
-from disco_xla.simulator.kernel_features import MAX_RANK, KernelGraph
+from disco_xla.simulator.kernel_features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
 from disco_xla.simulator.profiles import load_profile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,6 +57,7 @@ def _graph(opcode: str, size: int) -> KernelGraph:
         out_bytes=out_bytes,
         in_bytes=np.array([8.0 * size, 0.0, 0.0]),
         is_output=np.array([False, False, True]),
+        attributes=np.ones((3, len(ATTRIBUTE_NAMES))),
         senders=np.array([0, 1], np.int64),
         receivers=np.array([1, 2], np.int64),
         edge_bytes=np.array([4.0 * size, 4.0 * size]),
@@ -140,6 +141,8 @@ def test_every_family_is_held_out_once_and_never_trained_on(dataset, monkeypatch
         assert row["noise"] == measurement_noise(dataset, sorted(held_out))
         assert row["noise"]["repeated_samples"] == 2 * KERNELS * len(held_out)
         assert row["noise"]["mape"] == pytest.approx(0.1 / 1.0, rel=1e-6)
+        # Both measurements keep every kernel's order: the ceiling on τ is 1.
+        assert row["noise"]["kendall_tau"] == pytest.approx(1.0)
         met = row["targets_met"]
         assert met["mape"] == (row["gnn"]["mape"] <= 0.25)
         assert met["kendall_tau"] == (row["gnn"]["kendall_tau"] >= 0.85)
@@ -201,7 +204,7 @@ def test_the_command_by_family_writes_every_familys_row(two_family_file, tmp_pat
     assert [row["held_out"] for row in rows] == ["encoder-attention", "residual-conv"]
     assert [row["train_models"] for row in rows] == [["resnet50"], ["bert_base"]]
     assert written["by"] == "family" and "all_families_meet_targets" in written
-    assert set(rows[0]["noise"]) == {"repeated_samples", "mape", "median_ape"}
+    assert set(rows[0]["noise"]) == {"repeated_samples", "mape", "median_ape", "kendall_tau"}
     assert "| held-out family |" in result.stdout and "| residual-conv |" in result.stdout
 
 

@@ -24,7 +24,12 @@ from disco_xla.simulator.gnn import (
     save_model,
     stack_graphs,
 )
-from disco_xla.simulator.kernel_features import KernelGraph, kernel_graph
+from disco_xla.simulator.kernel_features import (
+    ATTRIBUTE_NAMES,
+    KernelGraph,
+    kernel_graph,
+    node_attributes,
+)
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
 from tests.conftest import run_cli
@@ -126,6 +131,7 @@ def test_an_unseen_opcode_still_predicts_and_warns_once(trained, caplog):
         out_bytes=np.array([16384.0, 16384.0]),
         in_bytes=np.array([16384.0, 0.0]),
         is_output=np.array([False, True]),
+        attributes=np.ones((2, len(ATTRIBUTE_NAMES))),
         senders=np.array([0]),
         receivers=np.array([1]),
         edge_bytes=np.array([16384.0]),
@@ -140,6 +146,81 @@ def test_an_unseen_opcode_still_predicts_and_warns_once(trained, caplog):
     np.testing.assert_allclose(second, first[0], rtol=1e-5)
     warnings = [r for r in caplog.records if "never-seen-op" in r.getMessage()]
     assert len(warnings) == 1
+
+
+def test_node_attributes_tell_depthwise_strided_convolutions_and_minor_moving_transposes():
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def fn(images, filters, matrix, cube):
+        depthwise = lax.conv_general_dilated(
+            images,
+            filters,
+            window_strides=(2, 2),
+            padding="SAME",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            feature_group_count=8,
+        )
+        return depthwise, matrix.T, cube.transpose(1, 0, 2), matrix.sum(axis=1)
+
+    args = (
+        jnp.zeros((1, 16, 16, 8)),
+        jnp.zeros((3, 3, 1, 8)),
+        jnp.zeros((32, 64)),
+        jnp.zeros((4, 5, 6)),
+    )
+    lowered = jax.jit(fn).lower(*args).compiler_ir("hlo").as_serialized_hlo_module_proto()
+    instructions = list(HloModule.from_bytes(lowered).instructions())
+
+    def attributes(opcode, dims=None):
+        (instr,) = [
+            i
+            for i in instructions
+            if i.opcode == opcode and (dims is None or tuple(i.shape.dims) == dims)
+        ]
+        return dict(zip(ATTRIBUTE_NAMES, node_attributes(instr), strict=True))
+
+    conv = attributes("convolution")
+    assert (conv["window"], conv["stride"], conv["groups"], conv["minor_dim"]) == (9, 4, 8, 8)
+    assert conv["transposes_minor"] == 0
+    moves = attributes("transpose", (64, 32))
+    assert moves["transposes_minor"] == 1 and moves["minor_dim"] == 32
+    keeps = attributes("transpose", (5, 4, 6))
+    assert keeps["transposes_minor"] == 0 and keeps["minor_dim"] == 6
+    reduce = attributes("reduce")
+    assert reduce["fan_in"] == 64 and reduce["window"] == reduce["groups"] == 1
+
+
+def test_feature_set_2_sees_the_groups_that_set_1_cannot(step_module):
+    kernel = build_task_graph(step_module, greedy_fusion_plan(step_module)).kernels[0]
+    plain = kernel_graph(kernel)
+    grouped = KernelGraph(**{**plain.__dict__, "attributes": plain.attributes * 8})
+    one = [featurize(stack_graphs([g]), feature_set=1).nodes for g in (plain, grouped)]
+    two = [featurize(stack_graphs([g]), feature_set=2).nodes for g in (plain, grouped)]
+    np.testing.assert_array_equal(one[0], one[1])
+    assert two[0].shape[1] == one[0].shape[1] + len(ATTRIBUTE_NAMES)
+    assert not np.array_equal(two[0], two[1])
+
+
+def test_weights_written_before_feature_sets_load_as_set_1(dataset, tmp_path):
+    model, _ = train(
+        dataset, epochs=1, seed=0, config=NetworkConfig(hidden=8, layers=1, feature_set=1)
+    )
+    save_model(str(tmp_path), model.params, model.config, model.target_mean, model.target_std, {})
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["network"]["feature_set"]  # as the weights of an older version
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    again = GnnCostModel.load(tmp_path)
+    assert again.config.feature_set == 1
+    features = featurize(dataset, feature_set=1)
+    np.testing.assert_allclose(
+        again.predict_features(features), model.predict_features(features), rtol=1e-5
+    )
+    config["network"]["feature_set"] = 7
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DiscoInputError, match="feature set 7"):
+        GnnCostModel.load(tmp_path)
 
 
 def test_a_missing_or_corrupt_model_directory_is_bad_input(tmp_path):
