@@ -40,7 +40,6 @@ def main() -> int:
     from disco_xla.simulator.gnn import (
         GnnCostModel,
         default_model_directory,
-        featurize,
         stack_graphs,
     )
     from disco_xla.simulator.kernel_features import kernel_graph
@@ -63,11 +62,7 @@ def main() -> int:
     model.predict_kernels(kernels)
     uncached_s = time.perf_counter() - start
 
-    features = featurize(
-        stack_graphs([kernel_graph(k) for k in kernels]),
-        model.config.opcodes,
-        model.config.feature_set,
-    )
+    features = model.config.featurize(stack_graphs([kernel_graph(k) for k in kernels]))
     model.predict_features(features)
     start = time.perf_counter()
     model.predict_features(features)

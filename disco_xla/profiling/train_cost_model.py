@@ -40,7 +40,6 @@ from disco_xla.simulator.gnn import (
     GnnCostModel,
     NetworkConfig,
     batch,
-    featurize,
     jitted_apply,
     network,
     save_model,
@@ -109,7 +108,7 @@ def train(
     mean, std = float(log_s.mean()), float(max(log_s.std(), 1e-3))
     train_targets = ((log_s - mean) / std).astype(np.float32)
     validation_targets = ((np.log(validation_data.time_s) - mean) / std).astype(np.float32)
-    validation_features = featurize(validation_data, config.opcodes, config.feature_set)
+    validation_features = config.featurize(validation_data)
     predict_validation = _batched_predictor(config, validation_features)
 
     def validation_loss(params) -> float:
@@ -117,7 +116,7 @@ def train(
 
     model = network(config)
     rng = np.random.default_rng(seed)
-    first_graph = batch(featurize(train_data, config.opcodes, config.feature_set), 0, 1)
+    first_graph = batch(config.featurize(train_data), 0, 1)
     params = model.init(jax.random.PRNGKey(seed), first_graph)
     initial_loss = validation_loss(params)
     run = _EpochRun(model, params, config, train_data, train_targets, rng, max_steps)
@@ -226,7 +225,7 @@ class _EpochRun:
         """One pass over a shuffled copy of the training kernels."""
         order = self.rng.permutation(len(self.train_data))
         shuffled = self.train_data.subset(order)
-        features = featurize(shuffled, self.config.opcodes, self.config.feature_set)
+        features = self.config.featurize(shuffled)
         shown_as_other = self.rng.random(len(features.opcode)) < OTHER_FRACTION
         features.opcode[shown_as_other] = len(self.config.opcodes)
         targets = self.train_targets[order]
@@ -335,7 +334,7 @@ def evaluate(
     if not len(data):
         raise DiscoInputError("data set", "no measured kernels")
     start = time.perf_counter()
-    features = featurize(data, model.config.opcodes, model.config.feature_set)
+    features = model.config.featurize(data)
     predicted = model.predict_features(features)
     predict_s = time.perf_counter() - start
     return {

@@ -279,6 +279,10 @@ class NetworkConfig:
     def to_dict(self) -> dict:
         return {**self.__dict__, "opcodes": list(self.opcodes)}
 
+    def featurize(self, flat: FlatGraphs) -> Features:
+        """`flat`'s features as this network reads them (its vocabulary and set)."""
+        return featurize(flat, self.opcodes, self.feature_set)
+
 
 def network(config: NetworkConfig):
     """The haiku-transformed network: GraphsTuple -> standardised log-time per graph."""
@@ -458,8 +462,7 @@ class GnnCostModel:
     def predict_graphs(self, graphs: Sequence[KernelGraph]) -> np.ndarray:
         if not graphs:
             return np.zeros(0)
-        flat = stack_graphs(graphs)
-        return self.predict_features(featurize(flat, self.config.opcodes, self.config.feature_set))
+        return self.predict_features(self.config.featurize(stack_graphs(graphs)))
 
     def kernels_s(self, graph: TaskGraph) -> list[float]:
         """Predicted times of all the graph's kernels: cached ones by structural

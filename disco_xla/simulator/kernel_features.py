@@ -105,9 +105,9 @@ def _dims(instr: Instruction) -> tuple[str, tuple[int, ...]]:
     return largest.element_type, dims
 
 
-def node_attributes(instr: Instruction) -> tuple[float, ...]:
+def node_attributes(instr: Instruction, dims: tuple[int, ...] | None = None) -> tuple[float, ...]:
     """`instr`'s values of ATTRIBUTE_NAMES (1 where an attribute does not apply;
-    0 for `transposes_minor` off transposes)."""
+    0 for `transposes_minor` off transposes). `dims`: its node dims, if known."""
     proto = instr.proto
     opcode = instr.opcode
     window = stride = groups = 1.0
@@ -120,7 +120,7 @@ def node_attributes(instr: Instruction) -> tuple[float, ...]:
     elements = max(instr.shape.elements, 1)
     operand_elements = max((o.shape.elements for o in instr.operands), default=elements)
     fan_in = max(operand_elements, 1) / elements
-    dims = _dims(instr)[1]
+    dims = _dims(instr)[1] if dims is None else dims
     minor = float(dims[-1]) if dims else 1.0
     moves_minor = 0.0
     if opcode == "transpose" and len(proto.dimensions) > 1:
@@ -150,7 +150,7 @@ def kernel_graph(kernel: Kernel) -> KernelGraph:
         ranks[k] = len(shape_dims)
         flops[k] = node.flops
         out_bytes[k] = node.shape.bytes
-        attributes[k] = node_attributes(node)
+        attributes[k] = node_attributes(node, shape_dims)
         for operand in node.operands:
             source = stands_for.get(id(operand), operand)
             if id(source) in index:
