@@ -14,7 +14,9 @@ own noise floor and whether the targets are met: GNN MAPE ≤ 25%, GNN τ ≥ 0.
 and GNN MAPE ≤ 1.5x the family's noise MAPE. Every row also gives the GNN's
 level (the median of predicted / measured) and its MAPE once divided by that
 level: the error left after one scale for the held-out family, which a measured
-run could teach, so a wrong level and a wrong shape can be told apart.
+run could teach, so a wrong level and a wrong shape can be told apart; and τ and
+MAPE at level of the family's kernels that hold a dot or a convolution (the
+ones XLA:CPU hands to a library, and the slowest).
 
 Each distinct kernel of a module counts once, with the median of its measured
 times. The noise is the measurement's own spread: the APE of each repeated
@@ -128,7 +130,7 @@ def hold_out_each(
             "train_kernels": report["train_samples"],
             "epochs": report["epochs"],
             "train_s": round(report["seconds"], 1),
-            **{k: figures[k] for k in ("samples", "gnn", "roofline")},
+            **{k: figures[k] for k in ("samples", "gnn", "roofline", "gnn_library")},
         }
         if by == "family":
             row["train_families"] = sorted({model_family(m) for m in report["models"]})
@@ -167,16 +169,22 @@ def print_table(rows: list[dict], by: str) -> None:
             )
         return
     print("| held-out family | models | kernels | GNN MAPE | GNN median APE | GNN τ |"
-          " GNN level | GNN MAPE at level |"
+          " GNN level | GNN MAPE at level | dot/conv kernels: τ, MAPE at level |"
           " roofline MAPE | roofline τ | noise MAPE | noise median APE | noise τ |"
           " MAPE ≤ 25% | τ ≥ 0.85 | MAPE ≤ 1.5x noise |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         gnn, roof, noise, met = row["gnn"], row["roofline"], row["noise"], row["targets_met"]
+        library = row.get("gnn_library")
+        library_cell = (
+            "-"
+            if library is None
+            else f"{library['kendall_tau']:.3f}, {library['mape_at_level']:.1%}"
+        )
         print(
             f"| {row['held_out']} | {', '.join(row['held_out_models'])} | {row['samples']} | "
             f"{gnn['mape']:.1%} | {gnn['median_ape']:.1%} | {gnn['kendall_tau']:.3f} | "
-            f"{gnn['level']:.2f} | {gnn['mape_at_level']:.1%} | "
+            f"{gnn['level']:.2f} | {gnn['mape_at_level']:.1%} | {library_cell} | "
             f"{roof['mape']:.1%} | {roof['kendall_tau']:.3f} | {_percent(noise.get('mape'))} | "
             f"{_percent(noise.get('median_ape'))} | {_tau(noise.get('kendall_tau'))} | "
             f"{_mark(met['mape'])} | "

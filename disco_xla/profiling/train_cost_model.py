@@ -52,6 +52,18 @@ LEARNING_RATE = 1e-3
 BATCH_GRAPHS = 128
 PATIENCE = 8
 VALIDATION_FRACTION = 0.1
+LIBRARY_OPCODES = ("convolution", "dot")
+
+
+def library_kernels(data: KernelDataset) -> np.ndarray:
+    """[kernels] bool: which kernels hold a dot or a convolution, the ops
+    XLA:CPU hands to a library (Eigen, oneDNN): few of a step's distinct
+    kernels, and its slowest."""
+    holds = np.isin(data.node_opcode, LIBRARY_OPCODES).astype(np.int64)
+    before = np.concatenate([[0], np.cumsum(holds)])
+    return before[data.node_offsets[1:]] > before[data.node_offsets[:-1]]
+
+
 OTHER_FRACTION = 0.02  # nodes shown to training as the 'other' opcode
 
 
@@ -337,10 +349,16 @@ def evaluate(
     features = model.config.featurize(data)
     predicted = model.predict_features(features)
     predict_s = time.perf_counter() - start
+    library = library_kernels(data)
     return {
         "samples": len(data),
         "models": sorted(set(data.model.tolist())),
         "gnn": error_figures(predicted, data.time_s),
+        # the kernels holding a dot or a convolution: few, and the slowest
+        "library_kernels": int(library.sum()),
+        "gnn_library": error_figures(predicted[library], data.time_s[library])
+        if library.sum() > 1
+        else None,
         "roofline": error_figures(roofline_s(data, profile), data.time_s),
         "cluster": profile.name,
         "predict_s": predict_s,

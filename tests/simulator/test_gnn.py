@@ -13,7 +13,13 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.profiling.dataset import from_samples, save_dataset
 from disco_xla.profiling.sample_plans import measure_plan, measure_xla_compiled, sample_plans
-from disco_xla.profiling.train_cost_model import error_figures, evaluate, train
+from disco_xla.profiling.train_cost_model import (
+    error_figures,
+    evaluate,
+    library_kernels,
+    measured,
+    train,
+)
 from disco_xla.search.backtracking import greedy_fusion_plan
 from disco_xla.simulator.cost_models import make_cost_model
 from disco_xla.simulator.gnn import (
@@ -201,6 +207,23 @@ def test_feature_set_2_sees_the_groups_that_set_1_cannot(step_module):
     np.testing.assert_array_equal(one[0], one[1])
     assert two[0].shape[1] == one[0].shape[1] + len(ATTRIBUTE_NAMES)
     assert not np.array_equal(two[0], two[1])
+
+
+def test_kernels_holding_a_dot_or_convolution_are_found_and_scored_apart(trained, dataset):
+    """The kernels XLA:CPU hands to a library are found from their nodes, and
+    evaluation scores them apart from the rest."""
+    kernels = measured(dataset)
+    library = library_kernels(kernels)
+    holds = [
+        bool({"dot", "convolution"} & set(kernels.graph(i).opcodes)) for i in range(len(kernels))
+    ]
+    assert library.tolist() == holds and 1 < library.sum() < len(kernels)
+    model, _ = trained
+    figures = evaluate(model, dataset, load_profile("cpu-local"))
+    assert figures["library_kernels"] == library.sum()
+    chosen = kernels.subset(np.flatnonzero(library))
+    expected = error_figures(model.predict_features(model.config.featurize(chosen)), chosen.time_s)
+    assert figures["gnn_library"] == pytest.approx(expected)
 
 
 def test_weights_written_before_feature_sets_load_as_set_1(dataset, tmp_path):

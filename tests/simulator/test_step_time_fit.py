@@ -16,6 +16,8 @@ from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
 from disco_xla.simulator.step_time_fit import (
+    MESSAGE_COST_GRID_S,
+    MIN_MODULE_SCALE,
     CollectiveCosts,
     StepTime,
     fit_collective_costs,
@@ -69,6 +71,29 @@ def test_the_fit_finds_the_message_cost_that_made_the_times():
     same = fit_collective_costs(_programs("a", 2.0, 1e-3, [(5, 1e-3), (5, 2e-3)]))
     assert same.message_s is None and same.tuple_element_s is None
     assert fit_collective_costs([]) == CollectiveCosts(None, None)
+
+
+def test_the_learned_cost_may_not_model_a_module_far_slower_than_measured():
+    """Times exactly proportional to the collectives sent (2 ms each, nothing
+    else): every larger cost explains them a little better, and the module's
+    scale would absorb the level. The fit stops at the largest cost of its grid
+    that keeps the programs modelled at most 3x their measured times."""
+    import numpy as np
+
+    shapes = [(1, 1e-3), (10, 1e-3), (100, 1e-3)]
+    observed = [StepTime("bert", f"p{i}", n, s, 2e-3 * n) for i, (n, s) in enumerate(shapes)]
+
+    def scale(message_s: float) -> float:
+        ratios = [t.measured_s / (t.simulated_s + message_s * t.messages) for t in observed]
+        return float(np.exp(np.mean(np.log(ratios))))
+
+    learned = fit_collective_costs(observed).message_s
+    assert learned < 1e-2 < MESSAGE_COST_GRID_S[-1]
+    following = MESSAGE_COST_GRID_S[MESSAGE_COST_GRID_S.index(learned) + 1]
+    assert scale(learned) >= MIN_MODULE_SCALE > scale(following)
+    # A module whose simulation alone is already over 3x slow learns no cost.
+    slow = [StepTime("slow", f"p{n}", n, 1.0, 1e-2 * n) for n in (1, 10, 100)]
+    assert fit_collective_costs(slow).message_s == 0
 
 
 def test_the_fit_tells_a_tuples_tensors_from_its_collectives():
