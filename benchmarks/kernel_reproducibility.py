@@ -40,12 +40,17 @@ def kernel_medians(dataset) -> dict[tuple[str, str], tuple[str, float, bool]]:
     from disco_xla.profiling.train_cost_model import library_kernels, measured
 
     distinct = measured(dataset)
-    columns = (distinct.module, distinct.structural_hash, distinct.model, distinct.time_s)
+    columns = zip(
+        distinct.module,
+        distinct.structural_hash,
+        distinct.model,
+        distinct.time_s,
+        library_kernels(distinct),
+        strict=True,
+    )
     return {
         (str(module), str(key)): (str(model), float(time_s), bool(library))
-        for (module, key, model, time_s), library in zip(
-            zip(*columns, strict=True), library_kernels(distinct), strict=True
-        )
+        for module, key, model, time_s, library in columns
     }
 
 

@@ -52,6 +52,7 @@ LEARNING_RATE = 1e-3
 BATCH_GRAPHS = 128
 PATIENCE = 8
 VALIDATION_FRACTION = 0.1
+OTHER_FRACTION = 0.02  # nodes shown to training as the 'other' opcode
 LIBRARY_OPCODES = ("convolution", "dot")
 
 
@@ -62,9 +63,6 @@ def library_kernels(data: KernelDataset) -> np.ndarray:
     holds = np.isin(data.node_opcode, LIBRARY_OPCODES).astype(np.int64)
     before = np.concatenate([[0], np.cumsum(holds)])
     return before[data.node_offsets[1:]] > before[data.node_offsets[:-1]]
-
-
-OTHER_FRACTION = 0.02  # nodes shown to training as the 'other' opcode
 
 
 def measured(dataset: KernelDataset) -> KernelDataset:

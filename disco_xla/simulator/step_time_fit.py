@@ -41,9 +41,10 @@ cost · collectives and the scale absorbing the level: unbounded, the fit learne
 7x their measured times) and 100 ms, the grid's top, on bert_base (over 10x;
 benchmarks/BENCHMARKS.md, "The learned collective cost at the grid's top"). 3x
 is what this machine's drift (up to 1.8x) and the GNN's level on a family it
-was not trained on (0.7-1.7) can explain together. The grid makes the result a step function of the
-data: a little more data rarely moves it, so the plans searched with it stay
-cached.
+was not trained on (0.7-1.7) can explain together.
+
+The grid makes the result a step function of the data: a little more data
+rarely moves it, so the plans searched with it stay cached.
 """
 
 from __future__ import annotations
