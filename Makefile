@@ -42,8 +42,11 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two workers, one file each at a time (a file's fixtures are built once): most
+# tests compile with XLA or wait on subprocesses, and one alone keeps about
+# two-thirds of the 2 CPUs busy.
 pytest: $(INSTALLED) $(HOROVOD_INSTALLED)
-	$(BIN)/python -m pytest -q --durations=30 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30 tests
 
 # `bazel build //...` offline with Debian's bazel-bootstrap (Bazel 4.2.3).
 bazel-check:

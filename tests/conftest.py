@@ -5,6 +5,7 @@ JAX gets 4 CPU devices before anything touches its backend.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,12 +18,23 @@ jax.config.update("jax_num_cpu_devices", 4)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
     """Run the installed `disco-xla` command the way a user would."""
     command = os.path.join(os.path.dirname(sys.executable), "disco-xla")
     return subprocess.run(
         [command, *args], capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT
     )
+
+
+def simulate_plans(path: str, cluster: str, plans, timeout_s: float = 300) -> dict[str, dict]:
+    """`disco-xla simulate PATH --plan A --plan B ... --json` in one run: each
+    plan's summary, by plan name (the command must succeed)."""
+    flags = [flag for plan in plans for flag in ("--plan", plan)]
+    result = run_cli("simulate", path, "--cluster", cluster, *flags, "--json", timeout_s=timeout_s)
+    assert result.returncode == 0, result.stderr[-1500:]
+    summaries = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [s["plan"] for s in summaries] == list(plans)
+    return {s["plan"]: s for s in summaries}
 
 
 def assert_round_trip_is_lossless(raw: bytes) -> None:

@@ -24,7 +24,7 @@ from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
-from tests.conftest import run_cli
+from tests.conftest import run_cli, simulate_plans
 
 DEVICES = 4
 # The dimension each parameter's gradient is scattered over: not always the first.
@@ -124,9 +124,7 @@ def test_every_verb_works_on_the_step(module, tmp_path):
     save_module(module, path)
     summary = json.loads(run_cli("inspect", "--json", path).stdout)
     assert summary["reduce_scatters"] == 3 and summary["gradient_all_reduces"] == 3
-    for name in ("none", "xla", "ddp", "mgwfbp"):
-        result = run_cli("simulate", path, "--cluster", "cpu-local", "--plan", name, "--json")
-        assert result.returncode == 0, result.stderr
+    simulate_plans(path, "cpu-local", ("none", "xla", "ddp", "mgwfbp"))
     plan_path = tmp_path / "one.plan.json"
     plan_path.write_text(one_bucket(module).to_json())
     out = str(tmp_path / "applied.hlo.pb")

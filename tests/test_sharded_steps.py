@@ -19,7 +19,7 @@ from disco_xla.hlo_passes.hlo_io import load_module, save_module
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.search.baselines import BASELINES
 from disco_xla.zoo.jax_steps import build_jax_step
-from tests.conftest import run_cli
+from tests.conftest import run_cli, simulate_plans
 
 SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False}
 
@@ -63,10 +63,8 @@ def test_capture_writes_the_module_after_partitioning_with_every_gradient(captur
 
 
 def test_every_baseline_simulates_on_the_partitioned_module(captured):
-    for name in BASELINES:
-        result = run_cli("simulate", captured, "--cluster", "cpu-local", "--plan", name, "--json")
-        assert result.returncode == 0, (name, result.stderr[-1500:])
-        assert json.loads(result.stdout)["iteration_s"] > 0, name
+    for name, summary in simulate_plans(captured, "cpu-local", BASELINES).items():
+        assert summary["iteration_s"] > 0, name
 
 
 def test_optimize_apply_and_verify_write_a_checked_equal_program(captured, tmp_path):
@@ -246,9 +244,7 @@ def test_every_verb_works_on_a_step_with_a_while_and_a_conditional(tmp_path):
     path = str(tmp_path / "loop.hlo.pb")
     save_module(module, path)
     assert run_cli("inspect", path).returncode == 0
-    for name in BASELINES:
-        result = run_cli("simulate", path, "--cluster", "cpu-local", "--plan", name, "--json")
-        assert result.returncode == 0, (name, result.stderr[-1500:])
+    simulate_plans(path, "cpu-local", BASELINES)
     out = str(tmp_path / "out.hlo.pb")
     result = run_cli(
         "optimize",

@@ -19,73 +19,95 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     simulate.add_argument("--cluster", required=True, help="profile name or YAML path")
     simulate.add_argument(
         "--plan",
-        default="none",
+        action="append",
+        metavar="PLAN",
         help="a baseline (none, xla, xla-overlap, xla-nocombine, horovod, horovod-legacy, "
-        "ddp, mgwfbp) or a PLAN.json",
+        "ddp, mgwfbp, fsdp) or a PLAN.json; default none. Repeat it to simulate several "
+        "plans in one run (the module is compiled once for all baselines)",
     )
     simulate.add_argument("--cost-model", choices=COST_MODELS, default=DEFAULTS.cost_model)
     simulate.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
-    simulate.add_argument("--json", action="store_true", help="print one JSON object")
-    simulate.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here")
-    simulate.add_argument("--plot", help="write a PNG Gantt chart here")
+    simulate.add_argument(
+        "--json", action="store_true", help="print one JSON object per plan, one per line"
+    )
+    simulate.add_argument("--trace", help="write a Chrome/Perfetto trace JSON here (one plan)")
+    simulate.add_argument("--plot", help="write a PNG Gantt chart here (every plan, one row each)")
     simulate.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.plan import verify_plan
-    from disco_xla.search.baselines import BASELINES, baseline
-    from disco_xla.simulator.cost_models import TableCostModel, make_cost_model
-    from disco_xla.simulator.events import simulate
-    from disco_xla.simulator.kernels import build_task_graph
+    from disco_xla.errors import DiscoInputError
+    from disco_xla.simulator.cost_models import make_cost_model
     from disco_xla.simulator.profiles import load_profile
     from disco_xla.simulator.trace import chrome_trace, plot_gantt
 
+    names = args.plan or ["none"]
+    if args.trace and len(names) > 1:
+        raise DiscoInputError(args.trace, f"--trace writes one plan's trace, not {len(names)}")
     module = load_for_planning(args.file)
     profile = load_profile(args.cluster)
     cost_model = make_cost_model(args.cost_model, profile, args.table)
+    compiled: dict = {}  # XLA's two compiles of the module, shared by every baseline
+    results = {}
+    for name in names:
+        simulated_module, summary, result = _simulate_plan(
+            name, module, profile, cost_model, compiled
+        )
+        results[name] = result
+        if args.json:
+            print(json.dumps(summary), flush=True)
+        else:
+            _print_result(name, simulated_module, profile, summary, result)
+    if args.trace:
+        with open(args.trace, "w") as file:
+            json.dump(chrome_trace(results[names[0]]), file)
+    if args.plot:
+        plot_gantt(results, args.plot)
+    return 0
+
+
+def _simulate_plan(name: str, module, profile, cost_model, compiled: dict):
+    """Simulate the plan `name` (a baseline or a PLAN.json) on `module`: the
+    module it runs on, its summary, and the simulation. `compiled` holds XLA's
+    compiles of `module`, made at the first baseline that needs them."""
+    from disco_xla.plan import verify_plan
+    from disco_xla.search.baselines import BASELINES, baseline
+    from disco_xla.simulator.cost_models import TableCostModel
+    from disco_xla.simulator.events import simulate
+    from disco_xla.simulator.kernels import build_task_graph
+
     note = ""
-    if args.plan in BASELINES:
-        compiled = {}
-        if args.plan != "none":
+    if name in BASELINES:
+        if name != "none" and not compiled:
             from disco_xla.runtime.apply import NO_COMBINER
             from disco_xla.runtime.xla_runner import compile_module
 
             use_devices(module)
-            compiled = {
-                "compiled_combined": compile_module(module),
-                "compiled_separate": compile_module(module, NO_COMBINER),
-            }
+            compiled["combined"] = compile_module(module)
+            compiled["separate"] = compile_module(module, NO_COMBINER)
         chosen = baseline(
-            args.plan,
+            name,
             module,
-            compiled.get("compiled_combined"),
-            compiled.get("compiled_separate"),
+            compiled.get("combined"),
+            compiled.get("separate"),
             profile,
             cost_model,
         )
         module, plan, note = chosen.module, chosen.plan, chosen.note
         task_graph = chosen.task_graph  # run as the baseline runs (tuples, blocking)
     else:
-        plan = load_plan(args.plan)
+        plan = load_plan(name)
 
         def task_graph():
             return build_task_graph(module, plan)
 
-    verify_plan(plan, module, source=args.plan)
+    verify_plan(plan, module, source=name)
+    misses_before = getattr(cost_model, "misses", 0)
     result = simulate(task_graph(), profile, cost_model)
-    summary = {"plan": args.plan, "plan_note": note, "cluster": profile.name, **result.summary()}
+    summary = {"plan": name, "plan_note": note, "cluster": profile.name, **result.summary()}
     if isinstance(cost_model, TableCostModel):
-        summary["table_misses"] = cost_model.misses
-    if args.trace:
-        with open(args.trace, "w") as file:
-            json.dump(chrome_trace(result), file)
-    if args.plot:
-        plot_gantt({args.plan: result}, args.plot)
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        _print_result(args.plan, module, profile, summary, result)
-    return 0
+        summary["table_misses"] = cost_model.misses - misses_before  # this plan's alone
+    return module, summary, result
 
 
 def _print_result(plan_name: str, module, profile, summary: dict, result) -> None:

@@ -20,6 +20,7 @@ and keeping batch norm in f32 would need a per-module precision policy.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,16 +119,15 @@ def build_jax_step(
     lower and capture the step without allocating full-size weights.
     """
     _check_step(name, replicas, global_batch, precision)
-    rng = np.random.default_rng(seed)
-    transformed, example, optimizer = _model(name, size, global_batch, rng)
+    transformed, example, optimizer = _model(name, size, global_batch, np.random.default_rng(seed))
     per_device = global_batch // replicas
-    device_batch = jax.tree_util.tree_map(lambda x: x[:per_device], example)
-
-    def init():
-        params, state = transformed.init(jax.random.PRNGKey(seed), device_batch)
-        return params, state, optimizer.init(params)
-
-    variables = jax.jit(init)() if concrete else jax.eval_shape(init)
+    if concrete and size == "full":
+        variables = jax.jit(_initializer(name, size, global_batch, per_device, seed))()
+    elif concrete:  # fresh device arrays: a step may donate its arguments
+        host = _initial_variables(name, size, global_batch, per_device, seed)
+        variables = jax.tree_util.tree_map(jnp.asarray, host)
+    else:
+        variables = jax.eval_shape(_initializer(name, size, global_batch, per_device, seed))
     leaves = jax.tree_util.tree_leaves(variables[0])
     train = _train_function(transformed, optimizer, precision)
     if mode == "pmap":
@@ -147,6 +147,28 @@ def build_jax_step(
         replicas=replicas,
         precision=precision,
     )
+
+
+def _initializer(name: str, size: str, global_batch: int, per_device: int, seed: int):
+    """init() -> (params, state, optimizer state) of one device's model."""
+    transformed, example, optimizer = _model(name, size, global_batch, np.random.default_rng(seed))
+    device_batch = jax.tree_util.tree_map(lambda x: x[:per_device], example)
+
+    def init():
+        params, state = transformed.init(jax.random.PRNGKey(seed), device_batch)
+        return params, state, optimizer.init(params)
+
+    return init
+
+
+@functools.lru_cache(maxsize=16)
+def _initial_variables(name: str, size: str, global_batch: int, per_device: int, seed: int):
+    """The tiny models' initial variables on the host, computed once a process
+    for each model and batch: XLA:CPU takes about 25 s to compile Inception's
+    initializers (a random draw per tensor), and the values depend on nothing
+    else."""
+    init = _initializer(name, size, global_batch, per_device, seed)
+    return jax.device_get(jax.jit(init)())
 
 
 def _check_step(name: str, replicas: int, global_batch: int, precision: str) -> None:

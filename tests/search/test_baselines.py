@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from disco_xla.search.baselines import (
@@ -15,7 +13,7 @@ from disco_xla.search.baselines import (
     unit_buckets,
     xla_cpu_buckets,
 )
-from tests.conftest import run_cli
+from tests.conftest import simulate_plans
 
 GRADIENTS = [("a", 600_000), ("b", 600_000), ("c", 10 * MB), ("d", 20 * MB), ("e", 30 * MB)]
 
@@ -62,20 +60,8 @@ def test_mgwfbp_merges_when_waiting_costs_less_than_a_start_up():
 
 @pytest.mark.parametrize("cluster", ["cpu-local", "a100-2x8-100g"])
 def test_every_baseline_simulates_on_a_captured_step(module_files, cluster):
-    results = {}
-    for plan in BASELINES:
-        result = run_cli(
-            "simulate",
-            module_files["jax_pmap_step"],
-            "--cluster",
-            cluster,
-            "--plan",
-            plan,
-            "--json",
-            timeout_s=300,
-        )
-        assert result.returncode == 0, (plan, result.stderr[-1500:])
-        results[plan] = json.loads(result.stdout)
+    # One run simulates every baseline (XLA compiles the module once for all).
+    results = simulate_plans(module_files["jax_pmap_step"], cluster, BASELINES)
     assert results["none"]["buckets"] == 4
     assert results["xla-nocombine"]["buckets"] == 4
     # XLA's fusion leaves fewer kernels than no fusion at all.

@@ -16,7 +16,7 @@ from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
 from disco_xla.simulator.trace import chrome_trace, plot_gantt
-from tests.conftest import run_cli
+from tests.conftest import run_cli, simulate_plans
 
 # forward -> two gradients -> two all-reduces -> two updates
 TWO_GRADIENTS = """HloModule two_gradients
@@ -295,6 +295,33 @@ def test_simulate_refuses_a_plan_for_another_module(module_files, tmp_path):
     )
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert "another module" in result.stderr and str(plan_path) in result.stderr
+
+
+def test_simulate_cli_runs_several_plans_in_one_run_as_each_runs_alone(module_files, tmp_path):
+    path = module_files["jax_pmap_step"]
+    plans = ("xla", "none", "xla-nocombine")
+    together = simulate_plans(path, "cpu-local", plans)
+    for plan in ("xla", "xla-nocombine"):  # XLA's compiles, shared, change nothing
+        alone = simulate_plans(path, "cpu-local", [plan])[plan]
+        assert together[plan] == alone
+    assert together["xla"]["buckets"] < together["none"]["buckets"]
+    # As text, each plan is reported; the Gantt chart has every plan.
+    chart = tmp_path / "gantt.png"
+    text = run_cli(
+        "simulate", path, "--cluster", "cpu-local", "--plan", "none", "--plan", "xla",
+        "--plot", str(chart),
+    )  # fmt: skip
+    assert text.returncode == 0, text.stderr[-1500:]
+    assert "plan none," in text.stdout and "plan xla," in text.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A trace is one plan's: asked of two, a one-line error naming the file.
+    trace = str(tmp_path / "t.json")
+    refused = run_cli(
+        "simulate", path, "--cluster", "cpu-local", "--plan", "none", "--plan", "xla",
+        "--trace", trace,
+    )  # fmt: skip
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert trace in refused.stderr and "--trace" in refused.stderr
 
 
 def test_the_table_prices_kernels_it_has_not_measured_with_its_fallback(module):
