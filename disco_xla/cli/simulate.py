@@ -47,12 +47,9 @@ def run(args: argparse.Namespace) -> int:
     module = load_for_planning(args.file)
     profile = load_profile(args.cluster)
     cost_model = make_cost_model(args.cost_model, profile, args.table)
-    compiled: dict = {}  # XLA's two compiles of the module, shared by every baseline
     results = {}
     for name in names:
-        simulated_module, summary, result = _simulate_plan(
-            name, module, profile, cost_model, compiled
-        )
+        simulated_module, summary, result = _simulate_plan(name, module, profile, cost_model)
         results[name] = result
         if args.json:
             print(json.dumps(summary), flush=True)
@@ -66,10 +63,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_plan(name: str, module, profile, cost_model, compiled: dict):
+def _simulate_plan(name: str, module, profile, cost_model):
     """Simulate the plan `name` (a baseline or a PLAN.json) on `module`: the
-    module it runs on, its summary, and the simulation. `compiled` holds XLA's
-    compiles of `module`, made at the first baseline that needs them."""
+    module it runs on, its summary, and the simulation. XLA's compiles of
+    `module` are made once for every baseline (`compile_module` remembers them)."""
     from disco_xla.plan import verify_plan
     from disco_xla.search.baselines import BASELINES, baseline
     from disco_xla.simulator.cost_models import TableCostModel
@@ -78,21 +75,14 @@ def _simulate_plan(name: str, module, profile, cost_model, compiled: dict):
 
     note = ""
     if name in BASELINES:
-        if name != "none" and not compiled:
+        combined = separate = None
+        if name != "none":
             from disco_xla.runtime.apply import NO_COMBINER
             from disco_xla.runtime.xla_runner import compile_module
 
             use_devices(module)
-            compiled["combined"] = compile_module(module)
-            compiled["separate"] = compile_module(module, NO_COMBINER)
-        chosen = baseline(
-            name,
-            module,
-            compiled.get("combined"),
-            compiled.get("separate"),
-            profile,
-            cost_model,
-        )
+            combined, separate = compile_module(module), compile_module(module, NO_COMBINER)
+        chosen = baseline(name, module, combined, separate, profile, cost_model)
         module, plan, note = chosen.module, chosen.plan, chosen.note
         task_graph = chosen.task_graph  # run as the baseline runs (tuples, blocking)
     else:
