@@ -205,9 +205,10 @@ def main() -> int:
     parser.add_argument(
         "--feature-set",
         type=int,
-        choices=[1, 2],
-        default=2,
-        help="node features: 1 without, 2 with the structural attributes (window, groups, ...)",
+        choices=[1, 2, 3],
+        default=3,
+        help="node features: 1 without, 2 with the structural attributes (window, groups, ...), "
+        "3 with those and a dot's or convolution's matrix-product shape and layout",
     )
     parser.add_argument("--cluster", default="cpu-local")
     parser.add_argument("--out", help="also write the JSON here")

@@ -20,6 +20,15 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--max-seconds", type=float, help="stop after the epoch that reaches this wall time"
     )
+    train.add_argument(
+        "--feature-set",
+        type=int,
+        choices=[1, 2, 3],
+        default=None,
+        help="node features: 1 plain; 2 with structural attributes (window, groups, ...); "
+        "3 with those and a dot's or convolution's matrix-product shape and layout "
+        "(default: the latest set)",
+    )
     train.add_argument("--json", action="store_true", help="print one JSON object")
     train.set_defaults(run=run)
 
@@ -29,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from disco_xla.profiling.train_cost_model import train_and_save
 
     dataset = load_datasets(args.datasets)
+    chosen = {} if args.feature_set is None else {"feature_set": args.feature_set}
     report = train_and_save(
         dataset,
         args.out,
@@ -36,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         hold_out_model=args.hold_out,
         max_seconds=args.max_seconds,
+        **chosen,
         verbose=not args.json and sys.stderr.isatty(),
     )
     if args.json:

@@ -26,7 +26,7 @@ import numpy as np
 from disco_xla.errors import DiscoInputError
 from disco_xla.simulator.kernel_features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
 
-SCHEMA = "disco-xla-kernels/2"  # 2: node_attributes
+SCHEMA = "disco-xla-kernels/3"  # 2: node_attributes; 3: their library columns
 
 # Model name (as in a data set: the module file's name up to its first '.') ->
 # architecture family. JAX zoo models go by their zoo names; keras.applications

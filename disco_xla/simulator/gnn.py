@@ -7,7 +7,11 @@ Input, one `jraph.GraphsTuple` per kernel (`kernel_features.kernel_graph`):
   the instruction's FLOPs, result bytes and bytes read from outside the kernel,
   whether its result leaves the kernel, and (feature set 2) log2 of its structural
   attributes: window, strides, groups, fan-in, minor dimension, and whether a
-  transpose moves the minor dimension (`kernel_features.ATTRIBUTE_NAMES`);
+  transpose moves the minor dimension (`kernel_features.STRUCTURAL_ATTRIBUTE_NAMES`),
+  and (feature set 3) beside those, for a dot or a convolution, log2 of the rows,
+  columns, contracted size and batch of its matrix product, and whether its
+  operands and result come in the library's layout
+  (`kernel_features.LIBRARY_ATTRIBUTE_NAMES`);
 - edges: operand → user, with log2(1 + tensor bytes);
 - globals: log2(1 + x) of the kernel's FLOPs, bytes in, bytes out and node count:
   the roofline's inputs, so a kernel of unseen opcodes still gets a sensible time.
@@ -46,6 +50,7 @@ from disco_xla.simulator.kernel_features import (
     DTYPE_VOCABULARY,
     MAX_RANK,
     OPCODE_VOCABULARY,
+    STRUCTURAL_ATTRIBUTE_NAMES,
     KernelGraph,
     kernel_graph,
 )
@@ -62,10 +67,12 @@ log = logging.getLogger(__name__)
 NODE_FEATURES = len(DTYPE_VOCABULARY) + 1 + MAX_RANK + 5
 GLOBAL_FEATURES = 4
 # Feature sets: 1, the features above; 2, those and each node's structural
-# attributes (`kernel_features.ATTRIBUTE_NAMES`). A model's config names its set;
-# weights written before sets existed read as set 1.
-FEATURE_SETS = (1, 2)
-LATEST_FEATURE_SET = 2
+# attributes (`kernel_features.STRUCTURAL_ATTRIBUTE_NAMES`); 3, all of
+# `kernel_features.ATTRIBUTE_NAMES` (the library instructions' too). A model's
+# config names its set; weights written before sets existed read as set 1.
+FEATURE_SETS = (1, 2, 3)
+_SET_ATTRIBUTES = {1: 0, 2: len(STRUCTURAL_ATTRIBUTE_NAMES), 3: len(ATTRIBUTE_NAMES)}
+LATEST_FEATURE_SET = 3
 
 
 def default_model_directory(device: str = DEFAULT_DEVICE) -> Path:
@@ -211,8 +218,9 @@ def featurize(
         axis=-1,
     ).reshape(count, 5)
     parts = [dtype_one_hot, _log2p(flat.node_dims.astype(np.float64)) / 16, scalars]
-    if feature_set >= 2:
+    if _SET_ATTRIBUTES[feature_set]:
         attributes = np.asarray(flat.node_attributes, np.float64).reshape(count, -1)
+        attributes = attributes[:, : _SET_ATTRIBUTES[feature_set]]
         parts.append(np.log2(np.maximum(attributes, 2.0**-16)) / 16)
     nodes = np.concatenate(parts, axis=-1).astype(np.float32)
     edge_graph = np.repeat(np.arange(len(flat.edge_offsets) - 1), np.diff(flat.edge_offsets))

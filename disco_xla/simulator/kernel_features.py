@@ -1,9 +1,10 @@
 """A fused kernel as a small graph of instructions: what the GNN cost model reads.
 
 `kernel_graph(kernel)` turns a `Kernel` (one op-fusion group) into plain arrays:
-one node per instruction (opcode, dtype, dims, FLOPs, bytes, and the structural
-attributes of `ATTRIBUTE_NAMES`: window, strides, groups, fan-in, the minor
-dimension and whether a transpose moves it) and one edge per
+one node per instruction (opcode, dtype, dims, FLOPs, bytes, and the attributes
+of `ATTRIBUTE_NAMES`: window, strides, groups, fan-in, the minor dimension and
+whether a transpose moves it; for a dot or a convolution, the shape of its matrix
+product and whether its operands come in the library's layout) and one edge per
 operand → user pair inside the kernel, weighted by the tensor's bytes. A `fusion`
 instruction (a kernel of a compiled module) is opened up: its fused computation's
 instructions become the nodes, its parameters the kernel's inputs. The profiling
@@ -44,7 +45,35 @@ DTYPE_VOCABULARY = ("pred", "s8", "s16", "s32", "s64", "u8", "u32", "f16", "bf16
 # element (a reduction's fan-in; below 1 for a broadcast), the size of the minor
 # (last, row-major) dimension of the result, which sets vector width, and whether
 # a transpose moves that minor dimension (a strided, cache-unfriendly copy).
-ATTRIBUTE_NAMES = ("window", "stride", "groups", "fan_in", "minor_dim", "transposes_minor")
+STRUCTURAL_ATTRIBUTE_NAMES = (
+    "window",
+    "stride",
+    "groups",
+    "fan_in",
+    "minor_dim",
+    "transposes_minor",
+)
+# Per-node attributes of the instructions XLA:CPU hands to a library (dot and
+# convolution), whose time follows the shape of the matrix product they are more
+# than their FLOPs: the product's `rows` x `contracted` by `contracted` x
+# `columns`, `batch` times over (a convolution as the product it lowers to: rows
+# are the result's positions, batch x spatial; columns its output features;
+# contracted the input features of a group x the window), and whether each
+# operand and the result is laid out as the library takes it, without a
+# transpose first: a dot's batch dimensions leading, the lhs's contracted
+# dimensions last and the rhs's right after its batch ones; a convolution's input
+# and result batch-first and feature-last, its kernel input- then output-feature
+# last. Other nodes read 1 for each.
+LIBRARY_ATTRIBUTE_NAMES = (
+    "rows",
+    "columns",
+    "contracted",
+    "batch",
+    "canonical_lhs",
+    "canonical_rhs",
+    "canonical_result",
+)
+ATTRIBUTE_NAMES = STRUCTURAL_ATTRIBUTE_NAMES + LIBRARY_ATTRIBUTE_NAMES
 
 
 @dataclass(frozen=True)
@@ -105,9 +134,61 @@ def _dims(instr: Instruction) -> tuple[str, tuple[int, ...]]:
     return largest.element_type, dims
 
 
+def _library_attributes(instr: Instruction) -> tuple[float, ...]:
+    """`instr`'s values of LIBRARY_ATTRIBUTE_NAMES (all 1 unless a dot or a
+    convolution with its two operands)."""
+    proto = instr.proto
+    if instr.opcode not in ("dot", "convolution") or len(instr.operands) < 2:
+        return (1.0,) * len(LIBRARY_ATTRIBUTE_NAMES)
+    lhs, rhs = (o.shape for o in instr.operands[:2])
+    if instr.opcode == "dot":
+        numbers = proto.dot_dimension_numbers
+        lhs_batch = list(numbers.lhs_batch_dimensions)
+        lhs_contracted = list(numbers.lhs_contracting_dimensions)
+        batch = math.prod(lhs.dims[d] for d in lhs_batch)
+        contracted = math.prod(lhs.dims[d] for d in lhs_contracted)
+        shared = max(batch * contracted, 1)
+        rank, kept = len(lhs.dims), len(lhs_batch)
+        return (
+            max(lhs.elements / shared, 1.0),
+            max(rhs.elements / shared, 1.0),
+            float(max(contracted, 1)),
+            float(max(batch, 1)),
+            float(
+                lhs_batch == list(range(kept))
+                and lhs_contracted == list(range(rank - len(lhs_contracted), rank))
+            ),
+            float(
+                list(numbers.rhs_batch_dimensions) == list(range(kept))
+                and list(numbers.rhs_contracting_dimensions)
+                == list(range(kept, kept + len(lhs_contracted)))
+            ),
+            1.0,
+        )
+    numbers = proto.convolution_dimension_numbers
+    result = instr.shape
+    features = max(result.dims[numbers.output_feature_dimension], 1)
+    window = math.prod(rhs.dims[d] for d in numbers.kernel_spatial_dimensions)
+    contracted = max(rhs.dims[numbers.kernel_input_feature_dimension] * window, 1)
+    last = len(result.dims) - 1
+    return (
+        max(result.elements / features, 1.0),
+        float(features),
+        float(contracted),
+        1.0,
+        float(numbers.input_batch_dimension == 0 and numbers.input_feature_dimension == last),
+        float(
+            numbers.kernel_input_feature_dimension == last - 1
+            and numbers.kernel_output_feature_dimension == last
+        ),
+        float(numbers.output_batch_dimension == 0 and numbers.output_feature_dimension == last),
+    )
+
+
 def node_attributes(instr: Instruction, dims: tuple[int, ...] | None = None) -> tuple[float, ...]:
     """`instr`'s values of ATTRIBUTE_NAMES (1 where an attribute does not apply;
-    0 for `transposes_minor` off transposes). `dims`: its node dims, if known."""
+    0 for `transposes_minor` off transposes and for a library instruction's
+    operand laid out otherwise). `dims`: its node dims, if known."""
     proto = instr.proto
     opcode = instr.opcode
     window = stride = groups = 1.0
@@ -125,7 +206,8 @@ def node_attributes(instr: Instruction, dims: tuple[int, ...] | None = None) -> 
     moves_minor = 0.0
     if opcode == "transpose" and len(proto.dimensions) > 1:
         moves_minor = float(proto.dimensions[-1] != len(proto.dimensions) - 1)
-    return (window, stride, groups, fan_in, max(minor, 1.0), moves_minor)
+    structural = (window, stride, groups, fan_in, max(minor, 1.0), moves_minor)
+    return structural + _library_attributes(instr)
 
 
 def kernel_graph(kernel: Kernel) -> KernelGraph:

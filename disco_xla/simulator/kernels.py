@@ -98,12 +98,28 @@ def _signature(instr: Instruction) -> tuple[str, str]:
     if found is not None and found[0] is instr:
         return found[1], found[2]
     proto = instr.proto
+    dot = proto.dot_dimension_numbers
     attributes = (
         list(proto.dimensions),
-        list(proto.dot_dimension_numbers.lhs_contracting_dimensions),
-        list(proto.dot_dimension_numbers.rhs_contracting_dimensions),
+        list(dot.lhs_contracting_dimensions),
+        list(dot.rhs_contracting_dimensions),
         [(w.size, w.stride) for w in proto.window.dimensions],
     )
+    if instr.opcode in ("dot", "convolution"):
+        # Two products of equal shapes may still differ in what they compute (a
+        # convolution's dimension labels, its groups, a dot's batch dimensions).
+        conv = proto.convolution_dimension_numbers
+        attributes += (
+            list(dot.lhs_batch_dimensions),
+            list(dot.rhs_batch_dimensions),
+            [conv.input_batch_dimension, conv.input_feature_dimension],
+            list(conv.input_spatial_dimensions),
+            [conv.kernel_input_feature_dimension, conv.kernel_output_feature_dimension],
+            list(conv.kernel_spatial_dimensions),
+            [conv.output_batch_dimension, conv.output_feature_dimension],
+            list(conv.output_spatial_dimensions),
+            [proto.feature_group_count, proto.batch_group_count],
+        )
     if len(_SIGNATURES) >= _MAX_SIGNATURES:
         _SIGNATURES.clear()
     before, after = f"{instr.opcode}:{instr.shape}:", f":{attributes}"

@@ -32,6 +32,8 @@ from disco_xla.simulator.gnn import (
 )
 from disco_xla.simulator.kernel_features import (
     ATTRIBUTE_NAMES,
+    LIBRARY_ATTRIBUTE_NAMES,
+    STRUCTURAL_ATTRIBUTE_NAMES,
     KernelGraph,
     kernel_graph,
     node_attributes,
@@ -198,6 +200,73 @@ def test_node_attributes_tell_depthwise_strided_convolutions_and_minor_moving_tr
     assert reduce["fan_in"] == 64 and reduce["window"] == reduce["groups"] == 1
 
 
+def test_library_attributes_give_the_matrix_product_and_whether_its_layout_is_the_librarys():
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def fn(a, b, c, stacked, images, filters, planar):
+        nhwc = lax.conv_general_dilated(
+            images, filters, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        nchw = lax.conv_general_dilated(
+            planar, filters, (1, 1), "SAME", dimension_numbers=("NCHW", "HWIO", "NCHW")
+        )
+        plain = a @ b  # [16, 32] x [32, 8]
+        against_transposed = lax.dot_general(a, c, (((1,), (1,)), ((), ())))  # x [8, 32]
+        batched = jnp.einsum("bmk,bkn->bmn", stacked, stacked.transpose(0, 2, 1))
+        return nhwc, nchw, plain + against_transposed, batched + 1.0
+
+    args = (
+        jnp.zeros((16, 32)),
+        jnp.zeros((32, 8)),
+        jnp.zeros((8, 32)),
+        jnp.zeros((2, 8, 32)),
+        jnp.zeros((2, 10, 12, 4)),
+        jnp.zeros((3, 3, 4, 6)),
+        jnp.zeros((2, 4, 10, 12)),
+    )
+    lowered = jax.jit(fn).lower(*args).compiler_ir("hlo").as_serialized_hlo_module_proto()
+    instructions = list(HloModule.from_bytes(lowered).instructions())
+
+    def library(instr):
+        values = dict(zip(ATTRIBUTE_NAMES, node_attributes(instr), strict=True))
+        return tuple(values[name] for name in LIBRARY_ATTRIBUTE_NAMES)
+
+    def rhs_contracting(instr):
+        return list(instr.proto.dot_dimension_numbers.rhs_contracting_dimensions)
+
+    dots = {
+        (tuple(i.shape.dims), *rhs_contracting(i)): library(i)
+        for i in instructions
+        if i.opcode == "dot"
+    }
+    convolutions = {
+        tuple(i.shape.dims): library(i) for i in instructions if i.opcode == "convolution"
+    }
+    # rows, columns, contracted, batch; canonical lhs, rhs, result
+    assert dots[(16, 8), 0] == (16, 8, 32, 1, 1, 1, 1)
+    assert dots[(16, 8), 1] == (16, 8, 32, 1, 1, 0, 1)
+    assert dots[(2, 8, 8), 1] == (8, 8, 32, 2, 1, 1, 1)
+    assert convolutions[2, 10, 12, 6] == (2 * 10 * 12, 6, 4 * 9, 1, 1, 1, 1)
+    assert convolutions[2, 6, 10, 12] == (2 * 10 * 12, 6, 4 * 9, 1, 0, 1, 0)
+    others = [library(i) for i in instructions if i.opcode in ("add", "transpose")]
+    assert others and all(v == (1,) * len(LIBRARY_ATTRIBUTE_NAMES) for v in others)
+
+
+def test_feature_set_3_sees_the_library_shape_that_set_2_cannot(step_module):
+    kernel = build_task_graph(step_module, greedy_fusion_plan(step_module)).kernels[0]
+    plain = kernel_graph(kernel)
+    reshaped = plain.attributes.copy()
+    reshaped[:, len(STRUCTURAL_ATTRIBUTE_NAMES) :] *= 4
+    other = KernelGraph(**{**plain.__dict__, "attributes": reshaped})
+    two = [featurize(stack_graphs([g]), feature_set=2).nodes for g in (plain, other)]
+    three = [featurize(stack_graphs([g]), feature_set=3).nodes for g in (plain, other)]
+    np.testing.assert_array_equal(two[0], two[1])
+    assert three[0].shape[1] == two[0].shape[1] + len(LIBRARY_ATTRIBUTE_NAMES)
+    assert not np.array_equal(three[0], three[1])
+
+
 def test_feature_set_2_sees_the_groups_that_set_1_cannot(step_module):
     kernel = build_task_graph(step_module, greedy_fusion_plan(step_module)).kernels[0]
     plain = kernel_graph(kernel)
@@ -205,7 +274,7 @@ def test_feature_set_2_sees_the_groups_that_set_1_cannot(step_module):
     one = [featurize(stack_graphs([g]), feature_set=1).nodes for g in (plain, grouped)]
     two = [featurize(stack_graphs([g]), feature_set=2).nodes for g in (plain, grouped)]
     np.testing.assert_array_equal(one[0], one[1])
-    assert two[0].shape[1] == one[0].shape[1] + len(ATTRIBUTE_NAMES)
+    assert two[0].shape[1] == one[0].shape[1] + len(STRUCTURAL_ATTRIBUTE_NAMES)
     assert not np.array_equal(two[0], two[1])
 
 
@@ -263,10 +332,12 @@ def test_train_and_eval_commands(dataset_file, tmp_path):
     model_dir = tmp_path / "model"
     trained = run_cli(
         "train-cost-model", dataset_file, "--out", str(model_dir), "--epochs", "1", "--json",
-        timeout_s=300,
+        "--feature-set", "3", timeout_s=300,
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     assert json.loads(trained.stdout)["epochs"] == 1
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["network"]["feature_set"] == 3
     result = run_cli("eval-cost-model", dataset_file, "--model", str(model_dir), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

@@ -324,6 +324,29 @@ def test_simulate_cli_runs_several_plans_in_one_run_as_each_runs_alone(module_fi
     assert trace in refused.stderr and "--trace" in refused.stderr
 
 
+def test_convolutions_of_equal_shapes_and_other_dimension_labels_hash_apart():
+    """A measured table keyed by the structural hash must not give one
+    convolution the time of another that only shares its shapes."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def fn(images, filters):
+        return [
+            lax.conv_general_dilated(images, filters, (1, 1), "SAME", dimension_numbers=labels)
+            for labels in (("NHWC", "HWIO", "NHWC"), ("NCHW", "HWIO", "NCHW"))
+        ]
+
+    lowered = jax.jit(fn).lower(jnp.zeros((2, 8, 8, 8)), jnp.zeros((3, 3, 8, 8)))
+    module = module_from_text(lowered.as_text(dialect="hlo"))
+    graph = build_task_graph(module, Plan.unfused(module))
+    kernels = [k for k in graph.kernels if k.instructions[0].opcode == "convolution"]
+    first, second = (k.instructions[0] for k in kernels)
+    assert first.shape == second.shape
+    assert [o.shape for o in first.operands] == [o.shape for o in second.operands]
+    assert kernels[0].structural_hash != kernels[1].structural_hash
+
+
 def test_the_table_prices_kernels_it_has_not_measured_with_its_fallback(module):
     """Measured times first; a kernel the table lacks gets the roofline's time
     (batched or one at a time alike) and is counted as a miss."""
