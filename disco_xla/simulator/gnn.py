@@ -70,8 +70,8 @@ GLOBAL_FEATURES = 4
 # attributes (`kernel_features.STRUCTURAL_ATTRIBUTE_NAMES`); 3, all of
 # `kernel_features.ATTRIBUTE_NAMES` (the library instructions' too). A model's
 # config names its set; weights written before sets existed read as set 1.
-FEATURE_SETS = (1, 2, 3)
 _SET_ATTRIBUTES = {1: 0, 2: len(STRUCTURAL_ATTRIBUTE_NAMES), 3: len(ATTRIBUTE_NAMES)}
+FEATURE_SETS = tuple(_SET_ATTRIBUTES)
 LATEST_FEATURE_SET = 3
 
 
