@@ -1,6 +1,7 @@
 """Wall-clock timing of repeated runs, shared by calibration, the benchmarks and
 the first-call speed check of `disco_xla.jit` / `disco_xla.tf_function`; the
-JAX profiler's events of repeated runs; and holding the CPUs awake."""
+JAX profiler's events of repeated runs, and the time each thunk in them took;
+and holding the CPUs awake."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import statistics
 import struct
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
 
@@ -92,6 +94,116 @@ def traced_events(
                         stats = {**dict(event.stats), "start_ns": event.start_ns}
                         found.append((event.name, stats, event.duration_ns * 1e-9))
     return found
+
+
+# XLA:CPU's thunk executor runs some thunks asynchronously: seen on jaxlib 0.10.2
+# for the convolutions it hands to Eigen (a grouped convolution's gradient, the
+# filter gradient of a depthwise one). The thunk's own event then ends once its
+# work is handed to the thread pool, which can be a thousandth of its time, and a
+# second event named COMPLETION_PREFIX + its name marks when the work completed.
+# The two carry one flow id: the stat `_p` of the thunk's event, `_c` of the other.
+COMPLETION_PREFIX = "end: "
+
+
+def thunk_seconds(events: list[tuple[str, dict, float]]) -> list[tuple[str, dict, float]]:
+    """`events` (from `traced_events`) with each asynchronous thunk's time
+    running until its work completed. Each moment of a run on a device counts
+    once: to the thunks whose own event holds it, as their events' durations
+    always did; a moment that no thunk's own event holds, but that lies between
+    an asynchronous thunk's event end and its completion (its tail), is shared
+    evenly among the tails in flight then. A thunk whose own event encloses
+    other thunks' (a while or call thunk running its body) is left out of that
+    count. Other events are returned as they are.
+
+    So a synchronous thunk keeps its event's duration, as measured beside
+    whatever ran with it, and an asynchronous one gets its launch plus the time
+    its device spent on nothing but completing it (two convolutions completing
+    together each get half). On a keras ResNeXt-26 step (tiny, 2 devices) the
+    thunks' own events summed to a third of the step's wall time, since its
+    grouped convolutions' events ended at launch
+    (`benchmarks/traced_kernel_share.py`, BENCHMARKS.md)."""
+    completions: dict[object, list[float]] = {}
+    for name, stats, seconds in events:
+        if name.startswith(COMPLETION_PREFIX) and "_c" in stats:
+            end_s = stats["start_ns"] * 1e-9 + seconds
+            completions.setdefault(stats["_c"], []).append(end_s)
+    for ends in completions.values():
+        ends.sort()
+    by_device: dict[tuple, list[tuple[int, float, float, float]]] = {}
+    for index, (_, stats, seconds) in enumerate(events):
+        if "hlo_op" not in stats or "start_ns" not in stats:
+            continue
+        start_s = stats["start_ns"] * 1e-9
+        end_s = start_s + seconds
+        ends = completions.get(stats.get("_p"), [])
+        after = bisect_left(ends, start_s)
+        completed_s = max(ends[after], end_s) if after < len(ends) else end_s
+        device = (stats.get("run_id"), stats.get("device_ordinal"))
+        by_device.setdefault(device, []).append((index, start_s, end_s, completed_s))
+    tails: dict[int, float] = {}
+    for thunks in by_device.values():
+        callers = _callers(thunks)
+        counted = [t for t in thunks if t[0] not in callers]
+        tails.update(
+            _shared_evenly(
+                [(key, end, completed) for key, _, end, completed in counted if completed > end],
+                blocked=[(start, end) for _, start, end, _ in counted],
+            )
+        )
+    return [
+        (name, stats, seconds + tails.get(index, 0.0))
+        for index, (name, stats, seconds) in enumerate(events)
+    ]
+
+
+def _callers(thunks: list[tuple[int, float, float, float]]) -> set[int]:
+    """The keys of the synchronous thunks (key, start, event end, completion)
+    whose event encloses another thunk's."""
+    ordered = sorted(thunks, key=lambda thunk: (thunk[1], -thunk[3]))
+    callers = set()
+    for position, (key, _, end, completed) in enumerate(ordered):
+        if completed > end:
+            continue
+        for _, other_start, _, other_completed in ordered[position + 1 :]:
+            if other_start >= end:
+                break
+            if other_completed <= end:
+                callers.add(key)
+                break
+    return callers
+
+
+def _shared_evenly(
+    intervals: list[tuple[int, float, float]], blocked: list[tuple[float, float]] = ()
+) -> dict[int, float]:
+    """{key: its share} of (key, start, end) intervals when each moment outside
+    the `blocked` (start, end) spans is shared evenly among the intervals that
+    hold it: an interval's share is the integral over its span of
+    1 / (intervals in flight), where no blocked span holds the moment."""
+    if not intervals:
+        return {}
+    changes = sorted(
+        [(start, 1, 0) for _, start, _ in intervals]
+        + [(end, -1, 0) for _, _, end in intervals]
+        + [(start, 0, 1) for start, _ in blocked]
+        + [(end, 0, -1) for _, end in blocked]
+    )
+    times, shared_until = [], []  # the running integral at each change
+    in_flight = blocking = 0
+    total, previous = 0.0, changes[0][0]
+    for moment, step, block_step in changes:
+        if in_flight and not blocking:
+            total += (moment - previous) / in_flight
+        in_flight += step
+        blocking += block_step
+        previous = moment
+        times.append(moment)
+        shared_until.append(total)
+
+    def integral(moment: float) -> float:
+        return shared_until[bisect_left(times, moment)]
+
+    return {key: integral(end) - integral(start) for key, start, end in intervals}
 
 
 # Linux's PM QoS interface: while a process holds this file open with a 32-bit 0

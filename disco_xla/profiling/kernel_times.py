@@ -2,7 +2,11 @@
 
 On XLA:CPU the profiler's `/host:CPU` plane has one event per thunk, named after
 the HLO instruction it runs, with the stats `hlo_op` and `hlo_module` (design notes
-§2). On a GPU the kernels are on the `/device:GPU:N` planes, one line per stream;
+§2). A thunk that XLA:CPU runs asynchronously (the convolutions it hands to Eigen)
+counts until its completion event (`timing.thunk_seconds`): its own event ends
+when the work is launched.
+
+On a GPU the kernels are on the `/device:GPU:N` planes, one line per stream;
 XLA:GPU runs each thunk under the annotation `Thunk:#hlo_op=NAME,hlo_module=...#`,
 which the profiler keeps on its kernels (stat `kernel_annotation`), and a thunk
 may launch several kernels (a cuBLAS gemm): consecutive kernels of one
@@ -25,7 +29,7 @@ from collections.abc import Callable, Iterable
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.simulator.kernels import build_task_graph
-from disco_xla.timing import traced_events
+from disco_xla.timing import thunk_seconds, traced_events
 
 # The trace planes that hold kernel events, per platform. On the CPU, one event
 # per thunk with the stat `hlo_op`; on a GPU, the device planes' kernel events
@@ -61,8 +65,11 @@ def instruction_runs(
 ) -> list[tuple[str, float]]:
     """(HLO instruction, seconds) of each run of an instruction in the trace's
     `events` (`timing.traced_events`, in plane and line order): on the CPU one
-    event is one run; on a GPU consecutive kernels of one instruction are one
-    run (see the module docstring). Events of no instruction are left out."""
+    event is one run, until its completion (`timing.thunk_seconds`); on a GPU
+    consecutive kernels of one instruction are one run (see the module
+    docstring). Events of no instruction are left out."""
+    if platform == "cpu":
+        events = thunk_seconds(list(events))
     runs: list[tuple[str, float]] = []
     previous = None
     for event_name, stats, seconds in events:

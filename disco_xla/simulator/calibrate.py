@@ -40,7 +40,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from disco_xla.simulator.profiles import MEASURED_COLLECTIVE_KINDS
-from disco_xla.timing import median_seconds, paired_median_seconds, traced_events
+from disco_xla.timing import (
+    median_seconds,
+    paired_median_seconds,
+    thunk_seconds,
+    traced_events,
+)
 
 SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
 # The tuple all-reduce probe: the in-step probe's all-reduce (IN_STEP_BYTES) as a
@@ -232,11 +237,12 @@ def compute_probe(mesh, place: Callable, place_split: Callable) -> Callable[[], 
 
 def traced_kernel_s(run: Callable[[], object], runs: int) -> float:
     """The median, over runs and this process's devices, of the summed durations
-    of the kernels one run of `run` executes (`timing.traced_events`)."""
+    of the kernels one run of `run` executes (`timing.traced_events`, each
+    asynchronous one until its completion: `timing.thunk_seconds`)."""
     import statistics
 
     sums: dict[tuple, float] = {}
-    for _, stats, seconds in traced_events(run, runs, ("/host:CPU",)):
+    for _, stats, seconds in thunk_seconds(traced_events(run, runs, ("/host:CPU",))):
         if "hlo_op" in stats:
             key = (stats.get("run_id"), stats.get("device_ordinal"))
             sums[key] = sums.get(key, 0.0) + seconds
