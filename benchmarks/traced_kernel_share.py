@@ -5,8 +5,8 @@ For each captured module (a `.hlo.pb`, e.g. from `collect_cost_model_data.sh`),
 XLA's own compile on the module's devices (combiner off, as `disco-xla profile`
 runs it): the step's median wall time, and the traced per-device sum of the
 thunks' times, (a) each thunk's own event, as the profiling data set took them
-before session 27, and (b) each asynchronous thunk until its completion event.
-Also the thunks whose completion came after their own event ended, by opcode.
+before session 27, and (b) each asynchronous thunk until its completion event;
+and how many thunks a run the completion lengthened by more than half.
 
     .venv/bin/python benchmarks/traced_kernel_share.py build/cc-first/modules/*.tiny.hlo.pb
 """
@@ -15,22 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-from collections import defaultdict
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
-
-
-def per_device_sums(events) -> float:
-    """The median over runs and devices of the summed thunk times of one run."""
-    sums: dict[tuple, float] = defaultdict(float)
-    for _, stats, seconds in events:
-        if "hlo_op" in stats:
-            sums[(stats.get("run_id"), stats.get("device_ordinal"))] += seconds
-    return statistics.median(sums.values())
 
 
 def main() -> int:
@@ -47,7 +35,7 @@ def main() -> int:
     jax.config.update("jax_num_cpu_devices", counts["num_replicas"] * counts["num_partitions"])
     from disco_xla.profiling.sample_plans import _program
     from disco_xla.runtime.xla_runner import random_arguments
-    from disco_xla.timing import thunk_seconds, traced_events
+    from disco_xla.timing import median_seconds, summed_per_run, thunk_seconds, traced_events
 
     print(
         "| module | step ms (untraced) | thunks' own events, ms a device | "
@@ -59,18 +47,14 @@ def main() -> int:
         module = load_module(path)
         program = _program(module, "cpu")
         run = program.device_runner(random_arguments(program.parameters, 0))
-        jax.block_until_ready(run())
-        walls = []
-        for _ in range(args.runs):
-            started = time.perf_counter()
-            jax.block_until_ready(run())
-            walls.append(time.perf_counter() - started)
-        step_s = statistics.median(walls)
-        events = traced_events(
-            lambda run=run: jax.block_until_ready(run()), args.runs, ("/host:CPU",)
-        )
+
+        def blocking(run=run):
+            return jax.block_until_ready(run())
+
+        step_s = median_seconds(blocking, args.runs, warmup=1)
+        events = traced_events(blocking, args.runs, ("/host:CPU",))
         completed = thunk_seconds(events)
-        own_s, with_s = per_device_sums(events), per_device_sums(completed)
+        own_s, with_s = summed_per_run(events), summed_per_run(completed)
         late = (
             sum(
                 1

@@ -156,6 +156,19 @@ def thunk_seconds(events: list[tuple[str, dict, float]]) -> list[tuple[str, dict
     ]
 
 
+def summed_per_run(events: list[tuple[str, dict, float]]) -> float:
+    """The median, over runs and devices, of the summed times of the thunks
+    (events with the stat `hlo_op`) of one run on one device."""
+    sums: dict[tuple, float] = {}
+    for _, stats, seconds in events:
+        if "hlo_op" in stats:
+            key = (stats.get("run_id"), stats.get("device_ordinal"))
+            sums[key] = sums.get(key, 0.0) + seconds
+    if not sums:
+        raise RuntimeError("the profiler trace holds no kernels")
+    return statistics.median(sums.values())
+
+
 def _callers(thunks: list[tuple[int, float, float, float]]) -> set[int]:
     """The keys of the synchronous thunks (key, start, event end, completion)
     whose event encloses another thunk's."""

@@ -43,6 +43,7 @@ from disco_xla.simulator.profiles import MEASURED_COLLECTIVE_KINDS
 from disco_xla.timing import (
     median_seconds,
     paired_median_seconds,
+    summed_per_run,
     thunk_seconds,
     traced_events,
 )
@@ -239,16 +240,7 @@ def traced_kernel_s(run: Callable[[], object], runs: int) -> float:
     """The median, over runs and this process's devices, of the summed durations
     of the kernels one run of `run` executes (`timing.traced_events`, each
     asynchronous one until its completion: `timing.thunk_seconds`)."""
-    import statistics
-
-    sums: dict[tuple, float] = {}
-    for _, stats, seconds in thunk_seconds(traced_events(run, runs, ("/host:CPU",))):
-        if "hlo_op" in stats:
-            key = (stats.get("run_id"), stats.get("device_ordinal"))
-            sums[key] = sums.get(key, 0.0) + seconds
-    if not sums:
-        raise RuntimeError("the profiler trace of the compute probe holds no kernels")
-    return statistics.median(sums.values())
+    return summed_per_run(thunk_seconds(traced_events(run, runs, ("/host:CPU",))))
 
 
 def in_step_probe(
