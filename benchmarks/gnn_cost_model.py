@@ -25,6 +25,10 @@ layers) against that kernel's median.
 
     .venv/bin/python benchmarks/gnn_cost_model.py build/costmodel-data/*.npz \
         [--by model|family] [--epochs 60] [--cluster cpu-local] [--out build/gnn-lomo.json]
+
+`--speed-normalised` first rescales every sample to the data set's median speed
+reference (`disco_xla/profiling/speed_reference.py`): the machine's drift from
+model to model taken out of both the training data and the held-out times.
 """
 
 from __future__ import annotations
@@ -210,16 +214,24 @@ def main() -> int:
         help="node features: 1 without, 2 with the structural attributes (window, groups, ...), "
         "3 with those and a dot's or convolution's matrix-product shape and layout",
     )
+    parser.add_argument(
+        "--speed-normalised",
+        action="store_true",
+        help="rescale every sample to the data set's median speed reference first",
+    )
     parser.add_argument("--cluster", default="cpu-local")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
     from disco_xla.errors import DiscoInputError
     from disco_xla.profiling.dataset import load_datasets
+    from disco_xla.profiling.speed_reference import speed_normalised
     from disco_xla.profiling.train_cost_model import measured
     from disco_xla.simulator.profiles import load_profile
 
     try:
         dataset = load_datasets(args.datasets)
+        if args.speed_normalised:
+            dataset = speed_normalised(dataset, source=" ".join(args.datasets[:1]) + " ...")
         profile = load_profile(args.cluster)
         held_out_groups(dataset, args.by)  # an unknown model stops here, before training
         rows = hold_out_each(
@@ -243,6 +255,7 @@ def main() -> int:
         "cluster": profile.name,
         "epochs": args.epochs,
         "feature_set": args.feature_set,
+        "speed_normalised": args.speed_normalised,
         "noise": measurement_noise(dataset),
         f"leave_one_{args.by}_out": rows,
     }

@@ -20,6 +20,10 @@ a convolution (few, and the slowest).
     REPEATS=10 SIZES=tiny benchmarks/collect_cost_model_data.sh build/cc-second 3 MODELS...
     .venv/bin/python benchmarks/kernel_reproducibility.py \
         --first build/cc-first/*.npz --second build/cc-second/*.npz [--json]
+
+`--speed-normalised` first rescales both collections to one speed of the
+machine (`profiling/speed_reference.py`: each sample's time x the median
+reference / its own), which asks whether the reference follows the drift.
 """
 
 from __future__ import annotations
@@ -87,17 +91,38 @@ def reproducibility(first, second) -> list[dict]:
     return rows
 
 
+def _normalised_together(first, second):
+    """Both collections at one speed: the median reference of the two together."""
+    import numpy as np
+
+    from disco_xla.profiling.speed_reference import speed_normalised
+
+    nominal = float(np.median(np.concatenate([first.reference_s, second.reference_s])))
+    return (
+        speed_normalised(first, nominal, "the first collection"),
+        speed_normalised(second, nominal, "the second collection"),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--first", nargs="+", required=True, help="the first collection's .npz")
     parser.add_argument("--second", nargs="+", required=True, help="the second collection's .npz")
+    parser.add_argument(
+        "--speed-normalised",
+        action="store_true",
+        help="rescale both collections' times to one speed reference (their median)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON, not a table")
     args = parser.parse_args()
     from disco_xla.errors import DiscoInputError
     from disco_xla.profiling.dataset import load_datasets
 
     try:
-        rows = reproducibility(load_datasets(args.first), load_datasets(args.second))
+        first, second = load_datasets(args.first), load_datasets(args.second)
+        if args.speed_normalised:
+            first, second = _normalised_together(first, second)
+        rows = reproducibility(first, second)
     except DiscoInputError as error:
         print(f"kernel_reproducibility: {error}", file=sys.stderr)
         return 2

@@ -9,7 +9,9 @@ a file of another schema is refused with a one-line error.
 Per sample: the measured time (seconds; the sum of the kernels XLA emitted for
 the group, each the median over repeats), how many kernels that was, the module
 and model it came from, the plan kind, the kernel's structural hash, and what the
-roofline needs (FLOPs, bytes in and out, element type, op class).
+roofline needs (FLOPs, bytes in and out, element type, op class), and the
+machine's speed reference when the sample was timed (`reference_s`, seconds of
+the fixed workload in `profiling/speed_reference.py`; NaN in files of schema 3).
 
 `MODEL_FAMILIES` maps each model name a data set may hold to its architecture
 family, for leave-one-family-out evaluation (`model_family`).
@@ -26,7 +28,9 @@ import numpy as np
 from disco_xla.errors import DiscoInputError
 from disco_xla.simulator.kernel_features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
 
-SCHEMA = "disco-xla-kernels/3"  # 2: node_attributes; 3: their library columns
+SCHEMA = "disco-xla-kernels/4"  # 2: node_attributes; 3: their library columns; 4: reference_s
+# Older schemas this version still reads, and the fields they lack (filled with NaN).
+_READABLE_SCHEMAS = {"disco-xla-kernels/3": ("reference_s",)}
 
 # Model name (as in a data set: the module file's name up to its first '.') ->
 # architecture family. JAX zoo models go by their zoo names; keras.applications
@@ -92,6 +96,7 @@ class KernelSample:
     structural_hash: str
     element_type: str
     op_class: str
+    reference_s: float = float("nan")  # the speed reference around its timing
 
 
 @dataclass
@@ -123,6 +128,7 @@ class KernelDataset:
     kernel_flops: np.ndarray
     kernel_bytes_in: np.ndarray
     kernel_bytes_out: np.ndarray
+    reference_s: np.ndarray  # [G] seconds; NaN where none was taken
 
     def __len__(self) -> int:
         return len(self.time_s)
@@ -193,6 +199,7 @@ _GRAPH_FIELDS = (
     "kernel_flops",
     "kernel_bytes_in",
     "kernel_bytes_out",
+    "reference_s",
 )
 
 
@@ -234,6 +241,7 @@ def from_samples(samples: Sequence[KernelSample]) -> KernelDataset:
         kernel_flops=np.array([g.kernel_flops for g in graphs], np.float64),
         kernel_bytes_in=np.array([g.kernel_bytes_in for g in graphs], np.float64),
         kernel_bytes_out=np.array([g.kernel_bytes_out for g in graphs], np.float64),
+        reference_s=np.array([s.reference_s for s in samples], np.float64),
     )
 
 
@@ -272,11 +280,18 @@ def load_dataset(path: str) -> KernelDataset:
     try:
         with np.load(path, allow_pickle=False) as data:
             schema = str(data["schema"]) if "schema" in data.files else "none"
-            if schema != SCHEMA:
+            if schema != SCHEMA and schema not in _READABLE_SCHEMAS:
                 raise DiscoInputError(
                     path, f"data set schema {schema!r}, this version reads {SCHEMA!r}"
                 )
-            values = {name: data[name] for name in KernelDataset.__dataclass_fields__}
+            absent = _READABLE_SCHEMAS.get(schema, ())
+            values = {
+                name: data[name]
+                for name in KernelDataset.__dataclass_fields__
+                if name not in absent
+            }
+            for name in absent:
+                values[name] = np.full(len(values["time_s"]), np.nan)
     except DiscoInputError:
         raise
     except FileNotFoundError:

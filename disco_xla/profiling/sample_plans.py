@@ -22,6 +22,9 @@ in a computation called from several places); a group XLA emitted no kernel for
 
 `measure_xla_compiled` adds the kernels of XLA's own compile of the unmodified
 module: each top-level instruction of the compiled module is a kernel.
+
+Every sample keeps the machine's speed reference, taken around its plan's
+traced runs (`profiling/speed_reference.py`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from disco_xla.plan import (
 )
 from disco_xla.profiling.dataset import KernelSample
 from disco_xla.profiling.kernel_times import KERNEL_PLANES, profile_kernel_times
+from disco_xla.profiling.speed_reference import reference_seconds
 from disco_xla.runtime.apply import no_combiner
 from disco_xla.runtime.xla_runner import program_for, random_arguments
 from disco_xla.search.backtracking import greedy_fusion_plan
@@ -191,7 +195,9 @@ def group_kernels(module: HloModule, plan: Plan) -> list[Kernel]:
     return [kernel_for([by_name[n] for n in group]) for group in plan.fusion_groups]
 
 
-def _samples(module, kernels, times_s, counts, module_name, model, kind) -> list[KernelSample]:
+def _samples(
+    module, kernels, times_s, counts, module_name, model, kind, reference_s
+) -> list[KernelSample]:
     samples = []
     for kernel in kernels:
         time_s = times_s.get(kernel.name)
@@ -208,6 +214,7 @@ def _samples(module, kernels, times_s, counts, module_name, model, kind) -> list
                 structural_hash=kernel.structural_hash,
                 element_type=kernel.element_type,
                 op_class=kernel.op_class,
+                reference_s=reference_s,
             )
         )
     return samples
@@ -229,7 +236,7 @@ def measure_plan(
     OutlineFusionGroups(plan.fusion_groups, departing_groups(rewritten, plan, None)).run(rewritten)
     program = _program(rewritten, platform)
     run = program.device_runner(random_arguments(program.parameters, seed))
-    times = profile_kernel_times(run, repeats, platform)
+    times, reference_s = _timed_with_reference(run, repeats, platform)
     compiled = program.compiled_module()
     group_s: dict[int, float] = defaultdict(float)
     emitted: dict[int, int] = defaultdict(int)
@@ -265,7 +272,7 @@ def measure_plan(
         elif group in call_s:
             by_kernel[kernel.name] = float(np.median(call_s[group]))
             counts[kernel.name] = 0
-    return _samples(module, kernels, by_kernel, counts, module_name, model, kind)
+    return _samples(module, kernels, by_kernel, counts, module_name, model, kind, reference_s)
 
 
 def measure_xla_compiled(
@@ -279,10 +286,20 @@ def measure_xla_compiled(
     """One sample per kernel of XLA's own compile (combiner off)."""
     program = _program(module, platform)
     run = program.device_runner(random_arguments(program.parameters, seed))
-    times = profile_kernel_times(run, repeats, platform)
+    times, reference_s = _timed_with_reference(run, repeats, platform)
     compiled = program.compiled_module()
     graph = build_task_graph(compiled, Plan.unfused(compiled))
-    return _samples(compiled, graph.kernels, times, {}, module_name, model, "xla-compiled")
+    return _samples(
+        compiled, graph.kernels, times, {}, module_name, model, "xla-compiled", reference_s
+    )
+
+
+def _timed_with_reference(run, repeats: int, platform: str) -> tuple[dict[str, float], float]:
+    """(each instruction's traced seconds, the speed reference around them: the
+    mean of one taken just before and one just after)."""
+    before = reference_seconds(platform)
+    times = profile_kernel_times(run, repeats, platform)
+    return times, (before + reference_seconds(platform)) / 2
 
 
 def profile_module(

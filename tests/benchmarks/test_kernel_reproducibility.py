@@ -82,3 +82,48 @@ def test_the_command_prints_the_table_and_refuses_a_bad_file(tmp_path):
     result = run("--first", str(bad), "--second", str(second))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "bad.npz" in result.stderr
+
+
+def test_speed_normalised_takes_out_a_drift_the_reference_saw(tmp_path):
+    """The residual family's drift came with a reference twice as slow: once
+    normalised it is gone, and the swapped encoder kernels still show. Data sets
+    without references are refused in one line."""
+    samples = [dataclasses.replace(s, reference_s=0.01) for s in _samples()]
+    second = [
+        dataclasses.replace(
+            s, reference_s=0.02 if s.model in ("resnet50", "keras_ResNet50") else 0.01
+        )
+        for s in _second_collection(samples)
+    ]
+    first_path, second_path = tmp_path / "first.tiny.npz", tmp_path / "second.tiny.npz"
+    save_dataset(from_samples(samples), str(first_path))
+    save_dataset(from_samples(second), str(second_path))
+    script = os.path.join(REPO, "benchmarks", "kernel_reproducibility.py")
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, script, "--json", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            timeout=300,
+        )
+
+    import json
+
+    plain = run("--first", str(first_path), "--second", str(second_path))
+    normalised = run("--first", str(first_path), "--second", str(second_path), "--speed-normalised")
+    assert plain.returncode == 0 and normalised.returncode == 0, plain.stderr + normalised.stderr
+    before = {r["family"]: r for r in json.loads(plain.stdout)}
+    after = {r["family"]: r for r in json.loads(normalised.stdout)}
+    assert before["residual-conv"]["level"] == pytest.approx(2.0)
+    assert after["residual-conv"]["level"] == pytest.approx(1.0)
+    assert after["residual-conv"]["mape"] == pytest.approx(0.0)
+    assert after["encoder-attention"]["kendall_tau"] == pytest.approx(
+        before["encoder-attention"]["kendall_tau"]
+    )
+    no_reference = tmp_path / "old.tiny.npz"
+    save_dataset(from_samples(_samples()), str(no_reference))
+    refused = run("--first", str(no_reference), "--second", str(second_path), "--speed-normalised")
+    assert refused.returncode == 2
+    assert len(refused.stderr.strip().splitlines()) == 1 and "no speed reference" in refused.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -116,6 +117,46 @@ def test_a_data_set_of_another_schema_or_a_corrupt_file_is_refused(samples, tmp_
     save_dataset(from_samples(samples), str(current))
     with np.load(current) as data:
         assert str(data["schema"]) == SCHEMA
+
+
+def test_every_sample_keeps_the_speed_reference_taken_around_its_plan(samples, tmp_path):
+    references = np.array([s.reference_s for s in samples])
+    assert np.all(np.isfinite(references) & (references > 0))
+    # One reference per plan measured: XLA's compile and the three sampled plans.
+    assert 1 <= len(set(references.tolist())) <= 4
+    path = str(tmp_path / "kernels.npz")
+    save_dataset(from_samples(samples), path)
+    np.testing.assert_array_equal(load_dataset(path).reference_s, references)
+
+
+def test_speed_normalised_times_follow_the_reference(samples):
+    from disco_xla.profiling.speed_reference import reference_seconds, speed_normalised
+
+    reference = reference_seconds("cpu", runs=3)
+    assert 0 < reference < 5.0
+    # One measured kernel timed twice, once on a machine twice as slow: once
+    # normalised, both are at the nominal speed.
+    measured = samples[0]
+    fast = replace(measured, reference_s=reference)
+    slow = replace(measured, time_s=2 * measured.time_s, reference_s=2 * reference)
+    normalised = speed_normalised(from_samples([slow, fast]), nominal_s=reference)
+    np.testing.assert_allclose(normalised.time_s, [measured.time_s] * 2)
+    by_median = speed_normalised(from_samples([slow, fast]))
+    np.testing.assert_allclose(by_median.time_s, [1.5 * measured.time_s] * 2)
+
+
+def test_a_schema_3_data_set_loads_without_a_reference_and_cannot_be_normalised(samples, tmp_path):
+    from disco_xla.profiling.speed_reference import speed_normalised
+
+    dataset = from_samples(samples)
+    old = tmp_path / "old.npz"
+    arrays = {k: getattr(dataset, k) for k in dataset.__dataclass_fields__ if k != "reference_s"}
+    np.savez_compressed(old, schema=np.array("disco-xla-kernels/3"), **arrays)
+    loaded = load_dataset(str(old))
+    np.testing.assert_array_equal(loaded.time_s, dataset.time_s)
+    assert np.all(np.isnan(loaded.reference_s))
+    with pytest.raises(DiscoInputError, match=r"old\.npz.*no speed reference"):
+        speed_normalised(loaded, source=str(old))
 
 
 def test_profile_command_writes_a_data_set(module_files, tmp_path):
