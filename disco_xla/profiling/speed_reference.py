@@ -17,8 +17,6 @@ time x nominal / reference_s.
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -26,6 +24,7 @@ import numpy as np
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.profiling.dataset import KernelDataset
+from disco_xla.timing import median_seconds
 
 REFERENCE_RUNS = 15  # timed runs of the workload; their median is one reference
 
@@ -53,14 +52,7 @@ def _reference_workload(platform: str) -> Callable[[], object]:
 
 def reference_seconds(platform: str = "cpu", runs: int = REFERENCE_RUNS) -> float:
     """The median wall time of one run of the reference workload on `platform`."""
-    run = _reference_workload(platform)
-    run()  # compiled and warm
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(_reference_workload(platform), runs, warmup=1)
 
 
 def speed_normalised(
@@ -73,8 +65,9 @@ def speed_normalised(
     references = np.asarray(dataset.reference_s, np.float64)
     if not len(references):
         return dataset
-    if not np.all(np.isfinite(references) & (references > 0)):
-        missing = int(np.sum(~(np.isfinite(references) & (references > 0))))
+    present = np.isfinite(references) & (references > 0)
+    if not np.all(present):
+        missing = int(np.sum(~present))
         raise DiscoInputError(
             source,
             f"{missing} of {len(references)} samples have no speed reference "
