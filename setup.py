@@ -53,6 +53,7 @@ setup(
         ("share/disco-xla/configs/clusters", glob.glob("configs/clusters/*.yaml")),
         # Shipped GNN cost-model weights (see disco_xla/simulator/gnn.py).
         ("share/disco-xla/configs/costmodels/cpu", glob.glob("configs/costmodels/cpu/*")),
+        ("share/disco-xla/configs/costmodels/h200", glob.glob("configs/costmodels/h200/*")),
     ],
     cmdclass={"build_py": BuildWithHook},
     entry_points={"console_scripts": ["disco-xla=disco_xla.cli:main"]},

@@ -16,6 +16,11 @@
 #        MODELS DATA (build/gpu-costmodel-data) BIN (.venv/bin) NVIDIA_SMI
 #        PLATFORM (gpu; cpu runs the same steps on the CPU, MODEL_DIR then
 #        defaults to $DATA/cpu-model)
+#        PYTHON (python3): where $BIN has no disco-xla (a GPU machine whose own
+#        Python holds a CUDA jaxlib, say), the source tree runs under it.
+# The models whose steps XLA:GPU compiled come first: on jaxlib 0.11.2, with its
+# command buffers on, bert_base's and bert_large's aborted XLA:GPU's compiler
+# (BENCHMARKS, session 29; not yet tried with them off), about 20 s each.
 set -euo pipefail
 PLATFORM=${PLATFORM:-gpu}
 BUDGET_S=${BUDGET_S:-570}
@@ -23,7 +28,7 @@ TRAIN_S=${TRAIN_S:-150}
 PLANS=${PLANS:-4}
 REPEATS=${REPEATS:-10}
 EPOCHS=${EPOCHS:-60}
-MODELS=${MODELS:-"gpt2_small bert_base resnet50 vgg19 transformer_base bert_large"}
+MODELS=${MODELS:-"gpt2_small resnet50 transformer_base vgg19 bert_base bert_large"}
 DATA=${DATA:-build/gpu-costmodel-data}
 BIN=${BIN:-.venv/bin}
 NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
@@ -32,6 +37,12 @@ if [ "$PLATFORM" = gpu ]; then default_model=configs/costmodels/h200; else
 MODEL_DIR=${1:-$default_model}
 start=$(date +%s)
 say() { echo "gpu_profile.sh: $*" >&2; }
+if [ -x "$BIN/disco-xla" ]; then
+  python=("$BIN/python"); disco=("$BIN/disco-xla")
+else
+  python=("${PYTHON:-python3}"); disco=("${python[@]}" -m disco_xla.cli)
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 profile_left() { echo $(( $(left) - TRAIN_S )); }
 
@@ -42,7 +53,7 @@ if [ "$PLATFORM" = gpu ]; then
       "GPU (PLATFORM=cpu runs the same steps on the CPU)"
     exit 2
   fi
-  jax_gpus=$(timeout 120 "$BIN/python" -c \
+  jax_gpus=$(timeout 120 "${python[@]}" -c \
     "import jax; print(len(jax.devices('gpu')))" 2>/dev/null | tail -n 1 || true)
   if ! [[ "$jax_gpus" =~ ^[1-9][0-9]*$ ]]; then
     say "$NVIDIA_SMI lists a GPU, but JAX sees no GPU devices (a jaxlib without CUDA?" \
@@ -53,6 +64,7 @@ if [ "$PLATFORM" = gpu ]; then
     "the model still goes to $MODEL_DIR"
 fi
 
+[ -x "$BIN/disco-xla" ] || say "no $BIN/disco-xla: running the source tree under ${python[*]}"
 mkdir -p "$DATA/modules"
 data_sets=()
 for model in $MODELS; do
@@ -62,12 +74,12 @@ for model in $MODELS; do
     data="$DATA/$PLATFORM.$model.$size.npz"
     if [ ! -f "$data" ]; then
       [ "$(profile_left)" -gt 20 ] || break 2
-      [ -f "$module" ] || JAX_PLATFORMS=cpu timeout "$(profile_left)" "$BIN/disco-xla" \
+      [ -f "$module" ] || JAX_PLATFORMS=cpu timeout "$(profile_left)" "${disco[@]}" \
         capture --model "$model" --replicas 1 --batch "$per_replica" -o "$module" --json \
         >/dev/null || { say "capture of $model.$size failed or ran out of budget"; break 2; }
       [ "$(profile_left)" -gt 20 ] || break 2
       status=0
-      timeout "$(profile_left)" "$BIN/disco-xla" profile "$module" --platform "$PLATFORM" \
+      timeout "$(profile_left)" "${disco[@]}" profile "$module" --platform "$PLATFORM" \
         --plans "$PLANS" --repeats "$REPEATS" --out "$data.part" --json >&2 || status=$?
       if [ "$status" = 124 ]; then say "$model.$size cut off by the budget"; break 2; fi
       # Exit 2 is bad input (no devices of the platform, say): stop at once.
@@ -87,7 +99,7 @@ fi
 train_s=$(( $(left) - 15 ))
 if [ "$train_s" -lt 20 ]; then say "no budget left to train ($train_s s)"; exit 1; fi
 rm -rf "$MODEL_DIR.new"
-report=$(timeout "$train_s" "$BIN/disco-xla" train-cost-model "${data_sets[@]}" \
+report=$(timeout "$train_s" "${disco[@]}" train-cost-model "${data_sets[@]}" \
   --out "$MODEL_DIR.new" --epochs "$EPOCHS" --max-seconds $(( train_s * 2 / 3 )) --json) || {
   say "training failed or ran out of its $train_s s"; exit 1; }
 rm -rf "$MODEL_DIR"

@@ -67,7 +67,7 @@ def traced_events(
     a few cores its own work slows the kernels it is meant to time. On the CPU the
     plane `/host:CPU` has one event per thunk, with the stats `hlo_op`, `run_id`
     and `device_ordinal`. Each event's stats also hold `start_ns`, its start in
-    nanoseconds from the trace's start."""
+    nanoseconds from the trace's start, and `line` the name of its line."""
     import glob
     import tempfile
 
@@ -91,7 +91,11 @@ def traced_events(
             if plane.name.startswith(plane_prefixes):
                 for line in plane.lines:
                     for event in line.events:
-                        stats = {**dict(event.stats), "start_ns": event.start_ns}
+                        stats = {
+                            **dict(event.stats),
+                            "start_ns": event.start_ns,
+                            "line": line.name,
+                        }
                         found.append((event.name, stats, event.duration_ns * 1e-9))
     return found
 

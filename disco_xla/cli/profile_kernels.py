@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
         import jax
 
         jax.config.update("jax_num_cpu_devices", needed)
+    else:
+        from disco_xla.profiling.kernel_times import kernels_one_by_one
+
+        kernels_one_by_one()  # before the GPU backend starts (it reads XLA_FLAGS once)
     platform_devices(args.platform, needed)  # one line, exit 2, where there are too few
     from disco_xla.profiling.dataset import from_samples, save_dataset
 

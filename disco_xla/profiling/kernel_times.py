@@ -10,8 +10,17 @@ On a GPU the kernels are on the `/device:GPU:N` planes, one line per stream;
 XLA:GPU runs each thunk under the annotation `Thunk:#hlo_op=NAME,hlo_module=...#`,
 which the profiler keeps on its kernels (stat `kernel_annotation`), and a thunk
 may launch several kernels (a cuBLAS gemm): consecutive kernels of one
-instruction on a line count as one run of it (their durations summed). The GPU
-path is untested: no GPU has been available to this project.
+instruction on a line count as one run of it (their durations summed). Where a
+device plane has lines named "Stream ...", only those are read: the profiler may
+add lines that repeat the kernels per HLO op or per step.
+
+Seen on one H200 with jaxlib 0.11.2 (BENCHMARKS, session 29): the kernel events
+carry the instruction in the stat `hlo_op`, on one line "Stream #14(Compute)".
+XLA:GPU runs most thunks inside command buffers (CUDA graphs) by default; the
+trace then names one event per graph (`hlo_op` "command_buffer_1") and the
+instructions in it are not timed one by one. Profiling therefore compiles with
+command buffers off (`kernels_one_by_one`): the kernels are the same, only
+their launch is not batched.
 
 We run the program a few times under the profiler (each run blocks until its
 results are back) and take each instruction's median duration over all runs and
@@ -22,9 +31,11 @@ for wall-clock claims.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 
 from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan
@@ -36,6 +47,23 @@ from disco_xla.timing import thunk_seconds, traced_events
 # (see the module docstring; untested here).
 KERNEL_PLANES = {"cpu": ("/host:CPU",), "gpu": ("/device:GPU:",)}
 _HLO_OP_IN_ANNOTATION = re.compile(r"hlo_op=([^,#:\s]+)")
+# XLA:GPU's flag with the kinds of thunk it records into command buffers; empty,
+# none is (each kernel is launched, and traced, on its own).
+NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
+_COMMAND_BUFFER = re.compile(r"command_buffer(\.\d+|_\d+)?$")
+
+log = logging.getLogger(__name__)
+
+
+def kernels_one_by_one(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Turn XLA:GPU's command buffers off in `environ`'s XLA_FLAGS, so that a
+    trace times each kernel. XLA reads the flags once, when its GPU backend
+    starts: call this before then. True where the flags changed."""
+    flags = environ.get("XLA_FLAGS", "")
+    if "--xla_gpu_enable_command_buffer" in flags:
+        return False  # the caller chose; theirs is kept
+    environ["XLA_FLAGS"] = f"{flags} {NO_COMMAND_BUFFERS}".strip()
+    return True
 
 
 def profile_kernel_times(
@@ -57,7 +85,21 @@ def profile_kernel_times(
     events = traced_events(lambda: jax.block_until_ready(run()), repeats, KERNEL_PLANES[platform])
     for name, seconds in instruction_runs(events, platform):
         samples.setdefault(name, []).append(seconds)
+    graphs = command_buffers(samples)
+    if platform != "cpu" and graphs:
+        log.warning(
+            "XLA:GPU ran kernels inside command buffers (%s): they are timed as one; "
+            "set XLA_FLAGS=%s before JAX starts (kernel_times.kernels_one_by_one)",
+            ", ".join(graphs[:3]),
+            NO_COMMAND_BUFFERS,
+        )
     return {name: statistic(times) for name, times in samples.items()}
+
+
+def command_buffers(names: Iterable[str]) -> list[str]:
+    """The names among `names` of XLA:GPU command buffers (a CUDA graph of many
+    kernels, timed as one), sorted."""
+    return sorted(name for name in names if _COMMAND_BUFFER.match(name))
 
 
 def instruction_runs(
@@ -68,8 +110,13 @@ def instruction_runs(
     event is one run, until its completion (`timing.thunk_seconds`); on a GPU
     consecutive kernels of one instruction are one run (see the module
     docstring). Events of no instruction are left out."""
+    events = list(events)
     if platform == "cpu":
-        events = thunk_seconds(list(events))
+        events = thunk_seconds(events)
+    elif any(str(stats.get("line", "")).startswith("Stream") for _, stats, _ in events):
+        # Kernels run on the stream lines; other lines of a device plane (the
+        # profiler's derived "XLA Ops" or "Steps", where present) repeat them.
+        events = [event for event in events if str(event[1].get("line", "")).startswith("Stream")]
     runs: list[tuple[str, float]] = []
     previous = None
     for event_name, stats, seconds in events:

@@ -173,14 +173,20 @@ def make_cost_model(
     name: str, profile: ClusterProfile, table: str | None = None, gnn_model: str | None = None
 ) -> CostModel:
     """The cost model called `name`: 'roofline', 'table' with a table file, or
-    'gnn' with a model directory (default: the shipped weights for the CPU)."""
+    'gnn' with a model directory (default: the shipped weights for the profile's
+    device, `gnn.weights_device`)."""
     roofline = RooflineCostModel(profile)
     if name == "roofline":
         return roofline
     if name == "gnn":
-        from disco_xla.simulator.gnn import GnnCostModel, default_model_directory
+        from disco_xla.simulator.gnn import (
+            GnnCostModel,
+            default_model_directory,
+            weights_device,
+        )
 
-        return GnnCostModel.load(gnn_model or default_model_directory())
+        device = weights_device(profile.device_name)
+        return GnnCostModel.load(gnn_model or default_model_directory(device))
     if name == "table":
         if not table:
             raise DiscoInputError(

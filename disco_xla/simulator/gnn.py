@@ -75,6 +75,20 @@ FEATURE_SETS = tuple(_SET_ATTRIBUTES)
 LATEST_FEATURE_SET = 3
 
 
+def weights_device(device_name: str) -> str:
+    """The shipped weights for a cluster profile's `device_name`: the directory of
+    `configs/costmodels/` named by one of its words ('NVIDIA H200 SXM' -> 'h200'),
+    else the CPU's. Kernel times of one device do not predict another's, so a
+    profile whose device has no weights of its own gets the CPU's only as a last
+    resort (the roofline uses its peak figures)."""
+    for word in device_name.lower().replace("-", " ").split():
+        if word != DEFAULT_DEVICE:
+            for root in (_REPO_WEIGHTS, _INSTALLED_WEIGHTS):
+                if (root / word / "config.json").exists():
+                    return word
+    return DEFAULT_DEVICE
+
+
 def default_model_directory(device: str = DEFAULT_DEVICE) -> Path:
     """Shipped weights for `device`: `configs/costmodels/<device>/` of the source
     tree, else of the installed data files (found as the cluster profiles are)."""

@@ -26,6 +26,7 @@ from disco_xla.simulator.gnn import (
     GnnCostModel,
     NetworkConfig,
     batch,
+    default_model_directory,
     featurize,
     save_model,
     stack_graphs,
@@ -372,6 +373,24 @@ def test_simulate_uses_the_shipped_weights(module_files):
     summary = json.loads(result.stdout)
     assert summary["cost_model"] == "gnn"
     assert summary["compute_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "cluster, weights",
+    [("cpu-local", "cpu"), ("h200-1x8-nvlink", "h200"), ("v100-2x8-25g", "cpu")],
+)
+def test_the_gnn_defaults_to_the_weights_of_the_clusters_device(module_files, cluster, weights):
+    """An H200 profile predicts with the weights trained on H200 kernels; a device
+    with no weights of its own falls back to the CPU's."""
+    shipped = json.loads((default_model_directory(weights) / "config.json").read_text())
+    model = make_cost_model("gnn", load_profile(cluster))
+    assert model.target_mean == pytest.approx(shipped["target_log_s_mean"])
+    result = run_cli(
+        "simulate", module_files["jax_pmap_step"], "--cluster", cluster,
+        "--cost-model", "gnn", "--plan", "none", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["compute_s"] > 0
 
 
 MIXED = """HloModule mixed
