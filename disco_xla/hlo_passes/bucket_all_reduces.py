@@ -66,27 +66,59 @@ class BucketAllReduces:
         whether the module changed."""
         changed = False
         previous_id: dict[str, int] = {}  # the last bucket so far in each computation
+        replaced = _Replaced()
         for index, bucket in enumerate(self.all_reduce_buckets):
             members = [module.instruction(name) for name in bucket]
             computation = members[0].computation
             if len(members) == 1:
                 current_id = members[0].id
             elif members[0].opcode == "reduce-scatter":
-                current_id = _concatenate_reduce_scatters(module, index, members)
+                current_id = _concatenate_reduce_scatters(module, index, members, replaced)
                 changed = True
             else:
-                current_id = _concatenate_bucket(module, index, members, self.widen_narrow_floats)
+                current_id = _concatenate_bucket(
+                    module, index, members, self.widen_narrow_floats, replaced
+                )
                 changed = True
             if computation.name in previous_id:
                 _order_after(computation, current_id, previous_id[computation.name])
                 changed = True
             previous_id[computation.name] = current_id
+        replaced.apply(module)
         if changed:
             module.rebuild()
         return changed
 
 
-def _concatenate_bucket(module: HloModule, index: int, members, widen: bool) -> int:
+class _Replaced:
+    """The members replaced so far, each computation's {member id: restored id}:
+    their users are redirected in one scan of each computation, and the members
+    removed, when the pass ends. A scan per member made the pass quadratic (on
+    inception_v3's 366 buckets, 2,262 scans took 38 s of a 215 s first call)."""
+
+    def __init__(self) -> None:
+        self._by_computation: dict[int, tuple[object, dict[int, int]]] = {}
+        self._members: list = []
+
+    def add(self, computation, member, restored) -> None:
+        """`member`'s users (and the root, if it is one) will read `restored`."""
+        restored.metadata.op_name = member.op_name  # the marks of a reduced gradient
+        self._by_computation.setdefault(id(computation), (computation, {}))[1][member.id] = (
+            restored.id
+        )
+        self._members.append(member)
+
+    def apply(self, module: HloModule) -> None:
+        for computation, new_for_old in self._by_computation.values():
+            edit.redirect_uses(computation, new_for_old)
+            root = computation.proto.root_id
+            computation.proto.root_id = new_for_old.get(root, root)
+        module.remove_instructions(self._members)
+
+
+def _concatenate_bucket(
+    module: HloModule, index: int, members, widen: bool, replaced: _Replaced
+) -> int:
     computation = members[0].computation
     template = members[0].proto
     element_type = template.shape.element_type
@@ -155,13 +187,14 @@ def _concatenate_bucket(module: HloModule, index: int, members, widen: bool) -> 
         restored = edit.add_instruction(
             computation, f"{member.name}.restored", "reshape", member.proto.shape, [piece.id]
         )
-        _replace_member(computation, member, restored)
+        replaced.add(computation, member, restored)
         offset += size
-    module.remove_instructions(members)
     return reduced.id
 
 
-def _concatenate_reduce_scatters(module: HloModule, index: int, members) -> int:
+def _concatenate_reduce_scatters(
+    module: HloModule, index: int, members, replaced: _Replaced
+) -> int:
     """One reduce-scatter for a bucket of them (see the module's docstring)."""
     computation = members[0].computation
     template = members[0].proto
@@ -219,9 +252,8 @@ def _concatenate_reduce_scatters(module: HloModule, index: int, members) -> int:
         piece.slice_dimensions.add(start=0, limit=1, stride=1)
         piece.slice_dimensions.add(start=offset, limit=offset + width, stride=1)
         restored = _block_as_result(computation, piece, member)
-        _replace_member(computation, member, restored)
+        replaced.add(computation, member, restored)
         offset += width
-    module.remove_instructions(members)
     return reduced.id
 
 
@@ -282,15 +314,6 @@ def _copy_collective_fields(reduced, template, index: int, members) -> None:
     reduced.replica_groups.extend(template.replica_groups)
     reduced.called_computation_ids.extend(template.called_computation_ids)
     reduced.metadata.op_name = f"{BUCKET_MARK}/{index}: " + ",".join(m.name for m in members)
-
-
-def _replace_member(computation, member, restored) -> None:
-    """`member`'s users (and the root, if it is one) read `restored` instead."""
-    # Keep the marks that say this value is a reduced gradient.
-    restored.metadata.op_name = member.op_name
-    edit.replace_uses(computation, member.id, restored.id, keep=set())
-    if computation.proto.root_id == member.id:
-        computation.proto.root_id = restored.id
 
 
 def _order_after(computation, instruction_id: int, predecessor_id: int) -> None:

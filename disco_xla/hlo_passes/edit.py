@@ -100,6 +100,20 @@ def replace_uses(computation: Computation, old_id: int, new_id: int, keep: set[i
     return changed
 
 
+def redirect_uses(computation: Computation, new_for_old: dict[int, int]) -> int:
+    """Make every instruction read `new_for_old[x]` where it read an `x` among
+    its keys, in one scan. Returns how many operand slots changed."""
+    changed = 0
+    for proto in computation.proto.instructions:
+        operands = proto.operand_ids
+        for index, operand in enumerate(operands):
+            new = new_for_old.get(operand)
+            if new is not None:
+                operands[index] = new
+                changed += 1
+    return changed
+
+
 def _unique_name(computation: Computation, name: str) -> str:
     """A name no instruction of `computation` has; names handed out are remembered
     on the view, like ids."""

@@ -218,3 +218,40 @@ def test_a_bf16_bucket_is_widened_to_f32_unless_told_otherwise():
         (bucket,) = [i for i in module.instructions() if i.opcode == "all-reduce"]
         assert str(bucket.shape) == reduced
         assert str(module.entry.root.operands[0].shape) == "bf16[4]"
+
+
+CHAINED = """HloModule chained
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  a = f32[4] parameter(0)
+  b = f32[3] parameter(1)
+  ra = f32[4] all-reduce(a), replica_groups={{0,1}}, to_apply=sum
+  rb = f32[3] all-reduce(b), replica_groups={{0,1}}, to_apply=sum
+  rra = f32[4] all-reduce(ra), replica_groups={{0,1}}, to_apply=sum
+  rrb = f32[3] all-reduce(rb), replica_groups={{0,1}}, to_apply=sum
+  ROOT t = (f32[4], f32[3], f32[4], f32[3]) tuple(ra, rb, rra, rrb)
+}
+"""
+
+
+def test_a_bucket_that_reads_an_earlier_buckets_members_reads_their_restored_values():
+    """Users are redirected once, when the pass ends: a later bucket's
+    concatenation that reads an earlier bucket's members reads what replaced
+    them, and the module computes what it did."""
+    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.runtime.apply import verify_rewrite
+
+    module = module_from_text(CHAINED, "chained")
+    rewritten = HloModule.from_bytes(module.to_bytes(), "rewritten")
+    assert BucketAllReduces([("ra", "rb"), ("rra", "rrb")]).run(rewritten)
+    ids = {i.id for i in rewritten.instructions()}
+    assert all(o.id in ids for i in rewritten.instructions() for o in i.operands)
+    assert sum(i.opcode == "all-reduce" for i in rewritten.instructions()) == 2
+    verdict = verify_rewrite(module, rewritten, 2)
+    assert verdict.bit_equal, verdict

@@ -1,0 +1,87 @@
+"""How long `disco_xla.jit`'s first call takes, beside JAX's own first call, and
+where the time goes.
+
+The step is a zoo model's `jax.jit` over sharded arguments on N host CPU devices
+(the main case). JAX's first call compiles the step; disco-xla's first call also
+captures the partitioned module, searches, rewrites and compiles the candidates,
+checks them against the original and times them (README, "Optimising a training
+step"). With `--profile`, Python's profiler runs around disco-xla's first call
+(it adds overhead) and the functions that took longest, by cumulative time, are
+printed.
+
+    .venv/bin/python benchmarks/first_call_time.py [--model inception_v3] [--size tiny]
+        [--replicas 2] [--profile] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="inception_v3")
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--cluster", default="cpu-local")
+    parser.add_argument("--profile", action="store_true", help="print where the time went")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    flag = f"--xla_force_host_platform_device_count={args.replicas}"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+    import jax
+
+    import disco_xla
+    from disco_xla.zoo.jax_steps import build_jax_step
+
+    step = build_jax_step(
+        args.model, args.size, replicas=args.replicas, global_batch=2 * args.replicas,
+        mode="sharded",
+    )  # fmt: skip
+    start = time.perf_counter()
+    jax.block_until_ready(step.fn(*step.args))
+    jax_s = time.perf_counter() - start
+    wrapped = disco_xla.jit(step.fn, cluster=args.cluster, cache_dir=tempfile.mkdtemp())
+    profiler = cProfile.Profile() if args.profile else None
+    start = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    jax.block_until_ready(wrapped(*step.args))
+    if profiler:
+        profiler.disable()
+    disco_s = time.perf_counter() - start
+    report = {
+        "model": args.model,
+        "size": args.size,
+        "replicas": args.replicas,
+        "jax_first_call_s": round(jax_s, 1),
+        "disco_first_call_s": round(disco_s, 1),
+        "ratio": round(disco_s / jax_s, 1),
+        "profiled": bool(profiler),
+        "status": wrapped.status(),
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(json.dumps(report, indent=1))
+        if profiler:
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+            print(text.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
