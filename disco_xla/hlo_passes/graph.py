@@ -238,9 +238,11 @@ class HloModule:
         self._build_view()
         if _reorder(self.proto.computations, self._callees_first()):
             self._build_view()
+        moved = False
         for computation in self.computations:
-            _reorder(computation.proto.instructions, computation.topological_order)
-        self._build_view()
+            moved |= _reorder(computation.proto.instructions, computation.topological_order)
+        if moved:  # reordering copies the protos: the view must hold the new ones
+            self._build_view()
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<memory>", file_format: str = "pb"):

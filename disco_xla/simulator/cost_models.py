@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable
 from typing import Protocol
@@ -22,6 +23,8 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.plan import needs_boundary
 from disco_xla.simulator.kernels import Kernel, TaskGraph
 from disco_xla.simulator.profiles import ClusterProfile
+
+log = logging.getLogger(__name__)
 
 # A kernel cost function: kernel -> predicted seconds.
 KernelCostFn = Callable[[Kernel], float]
@@ -186,6 +189,12 @@ def make_cost_model(
         )
 
         device = weights_device(profile.device_name)
+        if not gnn_model and device == "cpu" and profile.execution == "gpu-streams":
+            log.warning(
+                "no GNN weights are shipped for %s: the CPU's predict its kernels "
+                "(train some with benchmarks/gpu_profile.sh, or use --cost-model roofline)",
+                profile.device_name,
+            )
         return GnnCostModel.load(gnn_model or default_model_directory(device))
     if name == "table":
         if not table:

@@ -379,12 +379,17 @@ def test_simulate_uses_the_shipped_weights(module_files):
     "cluster, weights",
     [("cpu-local", "cpu"), ("h200-1x8-nvlink", "h200"), ("v100-2x8-25g", "cpu")],
 )
-def test_the_gnn_defaults_to_the_weights_of_the_clusters_device(module_files, cluster, weights):
+def test_the_gnn_defaults_to_the_weights_of_the_clusters_device(
+    module_files, cluster, weights, caplog
+):
     """An H200 profile predicts with the weights trained on H200 kernels; a device
-    with no weights of its own falls back to the CPU's."""
+    with no weights of its own falls back to the CPU's, with a warning on a GPU."""
     shipped = json.loads((default_model_directory(weights) / "config.json").read_text())
-    model = make_cost_model("gnn", load_profile(cluster))
+    with caplog.at_level(logging.WARNING, logger="disco_xla.simulator.cost_models"):
+        model = make_cost_model("gnn", load_profile(cluster))
     assert model.target_mean == pytest.approx(shipped["target_log_s_mean"])
+    warned = [r.getMessage() for r in caplog.records if "no GNN weights" in r.getMessage()]
+    assert len(warned) == (cluster == "v100-2x8-25g")
     result = run_cli(
         "simulate", module_files["jax_pmap_step"], "--cluster", cluster,
         "--cost-model", "gnn", "--plan", "none", "--json",
