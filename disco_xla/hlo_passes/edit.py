@@ -6,6 +6,8 @@ re-links the graph view and puts every instruction after its operands.
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 from disco_xla.hlo_passes.graph import Computation
 
 
@@ -89,22 +91,19 @@ def add_scalar_reducer(module_proto, element_type: int, opcode: str = "add") -> 
 def replace_uses(computation: Computation, old_id: int, new_id: int, keep: set[int]) -> int:
     """Make every instruction except those in `keep` read `new_id` where it read
     `old_id`. Returns how many operand slots changed."""
+    return redirect_uses(computation, {old_id: new_id}, keep)
+
+
+def redirect_uses(
+    computation: Computation, new_for_old: dict[int, int], keep: Set[int] = frozenset()
+) -> int:
+    """Make every instruction except those in `keep` read `new_for_old[x]` where
+    it read an `x` among its keys, in one scan. Returns how many operand slots
+    changed."""
     changed = 0
     for proto in computation.proto.instructions:
         if proto.id in keep:
             continue
-        for index, operand in enumerate(proto.operand_ids):
-            if operand == old_id:
-                proto.operand_ids[index] = new_id
-                changed += 1
-    return changed
-
-
-def redirect_uses(computation: Computation, new_for_old: dict[int, int]) -> int:
-    """Make every instruction read `new_for_old[x]` where it read an `x` among
-    its keys, in one scan. Returns how many operand slots changed."""
-    changed = 0
-    for proto in computation.proto.instructions:
         operands = proto.operand_ids
         for index, operand in enumerate(operands):
             new = new_for_old.get(operand)

@@ -113,10 +113,11 @@ def instruction_runs(
     events = list(events)
     if platform == "cpu":
         events = thunk_seconds(events)
-    elif any(str(stats.get("line", "")).startswith("Stream") for _, stats, _ in events):
+    else:
         # Kernels run on the stream lines; other lines of a device plane (the
         # profiler's derived "XLA Ops" or "Steps", where present) repeat them.
-        events = [event for event in events if str(event[1].get("line", "")).startswith("Stream")]
+        on_streams = [e for e in events if str(e[1].get("line", "")).startswith("Stream")]
+        events = on_streams or events
     runs: list[tuple[str, float]] = []
     previous = None
     for event_name, stats, seconds in events:

@@ -183,13 +183,14 @@ def make_cost_model(
         return roofline
     if name == "gnn":
         from disco_xla.simulator.gnn import (
+            DEFAULT_DEVICE,
             GnnCostModel,
             default_model_directory,
             weights_device,
         )
 
         device = weights_device(profile.device_name)
-        if not gnn_model and device == "cpu" and profile.execution == "gpu-streams":
+        if not gnn_model and device == DEFAULT_DEVICE and profile.execution == "gpu-streams":
             log.warning(
                 "no GNN weights are shipped for %s: the CPU's predict its kernels "
                 "(train some with benchmarks/gpu_profile.sh, or use --cost-model roofline)",

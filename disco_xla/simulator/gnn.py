@@ -82,10 +82,8 @@ def weights_device(device_name: str) -> str:
     profile whose device has no weights of its own gets the CPU's only as a last
     resort (the roofline uses its peak figures)."""
     for word in device_name.lower().replace("-", " ").split():
-        if word != DEFAULT_DEVICE:
-            for root in (_REPO_WEIGHTS, _INSTALLED_WEIGHTS):
-                if (root / word / "config.json").exists():
-                    return word
+        if word != DEFAULT_DEVICE and (default_model_directory(word) / "config.json").exists():
+            return word
     return DEFAULT_DEVICE
 
 
