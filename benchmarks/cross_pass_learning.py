@@ -18,10 +18,15 @@ pass not learned from:
   first, fitted together (`step_time_fit.fit_collective_costs`, as `planning`
   learns them now).
 
+With --tuple-tensor-s X (repeatable), also `tuple X`: the profile with its
+tuple tensor cost set to X and nothing learned, to judge a calibrated figure
+against another on the same measured programs.
+
 Beside them, the first pass's times ranked against the second's: the figures
 of the measurement itself, the ceiling for any simulator here.
 
     .venv/bin/python benchmarks/cross_pass_learning.py build/rf-keras-2pass.json [--json]
+        [--tuple-tensor-s 7.1e-5 ...]
 """
 
 from __future__ import annotations
@@ -41,9 +46,12 @@ MAX_EVALUATIONS = 300  # rank_fidelity.py's default
 PLANS = 8
 
 
-def programs_of(row: dict) -> dict[str, tuple[int, int, float, float]]:
-    """{label: (collectives, tuple tensors, simulated bare, simulated with the
-    profile)} for the programs of `row` (one model of a rank_fidelity run)."""
+def programs_of(
+    row: dict, tuple_tensor_s: tuple[float, ...] = ()
+) -> tuple[dict[str, tuple[int, int, float, float]], dict[str, dict[str, float]]]:
+    """({label: (collectives, tuple tensors, simulated bare, simulated with the
+    profile)} for the programs of `row` (one model of a rank_fidelity run),
+    {`tuple X`: {label: simulated with the profile's tuple tensor cost X}})."""
     from fusion_boundary_cost import captured
     from rank_fidelity import candidate_plans
 
@@ -66,7 +74,7 @@ def programs_of(row: dict) -> dict[str, tuple[int, int, float, float]]:
     found = optimize(module, row["cluster"], max_evaluations=MAX_EVALUATIONS, compiled=compiled)
     plans = candidate_plans(module, baselines, found, PLANS)
     model = boundary_charged(RooflineCostModel(profile), profile, xla_own_groups(module))
-    rows = {}
+    rows, alternatives = {}, {f"tuple {x * 1e6:.1f} us": {} for x in tuple_tensor_s}
     for label in row["passes_s"][0]:
         if label == "xla":
             graph = baselines["xla"].task_graph()
@@ -79,7 +87,10 @@ def programs_of(row: dict) -> dict[str, tuple[int, int, float, float]]:
             simulate(graph, bare, model).iteration_s,
             simulate(graph, profile, model).iteration_s,
         )
-    return rows
+        for cost_s, way in zip(tuple_tensor_s, alternatives, strict=True):
+            priced = dataclasses.replace(profile, tuple_all_reduce_element_s=cost_s)
+            alternatives[way][label] = simulate(graph, priced, model).iteration_s
+    return rows, alternatives
 
 
 def rankings(
@@ -118,22 +129,30 @@ def rankings(
     }
 
 
-def model_row(row: dict) -> dict:
+def model_row(row: dict, tuple_tensor_s: tuple[float, ...] = ()) -> dict:
     from disco_xla.search.ranking import rank_fidelity
     from disco_xla.simulator.profiles import load_profile
 
-    programs = programs_of(row)
+    programs, alternatives = programs_of(row, tuple_tensor_s)
     calibrated_tensor_s = load_profile(row["cluster"]).tuple_all_reduce_element_s
     first, second = row["passes_s"]
     out = {"model": row["model"], "between_passes": _figures(rank_fidelity(first, second))}
     for name, learn, judge in (("1->2", first, second), ("2->1", second, first)):
-        ways = rankings(programs, learn, calibrated_tensor_s)
+        ways = {**rankings(programs, learn, calibrated_tensor_s), **alternatives}
         out[name] = {
             way: _figures(rank_fidelity(times, judge))
             for way, times in ways.items()
             if way != "learned"
         }
         out[name]["learned"] = ways["learned"]
+        out[name]["alternatives"] = list(alternatives)
+    # Nothing is learned by the profile's ways: they are judged on both passes' mean too.
+    mean = {label: (first[label] + second[label]) / 2 for label in first}
+    shipped = {label: simulated for label, (_, _, _, simulated) in programs.items()}
+    out["against the mean"] = {
+        way: _figures(rank_fidelity(times, mean))
+        for way, times in {"profile": shipped, **alternatives}.items()
+    }
     return out
 
 
@@ -149,6 +168,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", help="rank_fidelity.py --passes 2 --json output")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--tuple-tensor-s",
+        type=float,
+        action="append",
+        default=[],
+        help="also rank with the profile's tuple tensor cost set to this (seconds)",
+    )
     args = parser.parse_args()
     try:
         with open(args.rows) as file:
@@ -169,7 +195,7 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", DEVICES)
-    results = [model_row(row) for row in rows]
+    results = [model_row(row, tuple(args.tuple_tensor_s)) for row in rows]
     if args.json:
         print(json.dumps(results, indent=1))
         return
@@ -179,6 +205,11 @@ def main() -> None:
             f"{result['model']}: between passes tau {between['kendall_tau']:.2f}, "
             f"regret {between['top1_regret']:.1%}"
         )
+        for way, figures in result["against the mean"].items():
+            print(
+                f"  {way} against the passes' mean: tau {figures['kendall_tau']:.2f}, "
+                f"regret {figures['top1_regret']:.1%} (chose {figures['choice']})"
+            )
         for direction in ("1->2", "2->1"):
             learned = result[direction]["learned"]
             message_s, tensor_s = learned["two costs"]
@@ -186,7 +217,7 @@ def main() -> None:
                 f"  learn {direction}: one cost {learned['one cost'] * 1e6:.1f} us; two costs "
                 f"{message_s * 1e6:.1f} us a collective, {tensor_s * 1e6:.1f} us a tuple tensor"
             )
-            for way in ("profile", "one cost", "two costs"):
+            for way in ("profile", "one cost", "two costs", *result[direction]["alternatives"]):
                 figures = result[direction][way]
                 print(
                     f"    {way:10s} tau {figures['kendall_tau']:5.2f}  regret "

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     jax.config.update("jax_num_cpu_devices", max(workers, 1) if not args.processes else 1)
     from disco_xla.simulator import calibrate
 
-    runtime, collective_steps, tuple_element_s, step, flops, bandwidth = _measure(args, workers)
+    runtime, collective_steps, tuple_share, step, flops, bandwidth = _measure(args, workers)
+    tuple_element_s = calibrate.tuple_element_seconds(tuple_share, step)
     # The points become what each collective adds to a step (`in_step_points`).
     measured = collective_steps.pop("all-reduce")
     fit = calibrate.fit_ring_model(calibrate.in_step_points(measured, step), workers)
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         "workers": workers,
         **_fit_report(fit, collectives),
         **_device_report(flops, bandwidth, tuple_element_s, step),
+        "tuple_all_reduce_share": tuple_share,
         "fusion_boundary_s": boundary.fusion_boundary_s,
         "fusion_boundary_probe": boundary.__dict__,
         "profile": args.output,
@@ -92,9 +94,9 @@ def _checked_workers(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace, workers: int) -> tuple:
-    """(runtime, collective steps, tuple element s, step costs, peak f32 FLOP/s,
-    memory bandwidth): every probe of `simulator.calibrate`, with a progress bar
-    on a terminal."""
+    """(runtime, collective steps, a tuple tensor's share of a separate
+    all-reduce, step costs, peak f32 FLOP/s, memory bandwidth): every probe of
+    `simulator.calibrate`, with a progress bar on a terminal."""
     from tqdm import tqdm
 
     from disco_xla.simulator import calibrate
@@ -108,20 +110,20 @@ def _measure(args: argparse.Namespace, workers: int) -> tuple:
     ):
         if args.processes:
             runtime = "multi-process jax.distributed, gloo on loopback"
-            collective_steps, tuple_element_s, step = calibrate.measure_multi_process(
+            collective_steps, tuple_share, step = calibrate.measure_multi_process(
                 args.processes, sizes, args.repeats
             )
             bar.update(probes)
         else:
             runtime = "one process, N CPU devices"
-            collective_steps, tuple_element_s, step = calibrate.measure_in_process(
+            collective_steps, tuple_share, step = calibrate.measure_in_process(
                 workers, sizes, args.repeats, lambda: bar.update(1)
             )
         flops, bandwidth = calibrate.measure_device()
         bar.update(1)
     if awake:
         runtime += ", idle CPUs kept polling (--keep-cpus-awake)"
-    return runtime, collective_steps, tuple_element_s, step, flops, bandwidth
+    return runtime, collective_steps, tuple_share, step, flops, bandwidth
 
 
 def _write_profile(path: str, profile: dict) -> None:
@@ -179,7 +181,10 @@ def print_calibration(report: dict) -> None:
         times = ", ".join(f"{p['bytes']:,} B {p['in_step_s'] * 1e3:.3f} ms" for p in points)
         print(f"  {kind}: {times}")
     element_us = report["tuple_all_reduce_element_s"] * 1e6
-    print(f"  each tensor of a tuple all-reduce adds {element_us:.1f} us")
+    print(
+        f"  each tensor of a tuple all-reduce adds {element_us:.1f} us "
+        f"({report['tuple_all_reduce_share']:.2f} of a separate all-reduce)"
+    )
     print(
         f"  a step costs {report['step_overhead_s'] * 1e6:.1f} us + "
         f"{report['step_buffer_s'] * 1e6:.2f} us per argument or result "

@@ -6,11 +6,18 @@ least-squares fit over sizes from 4 KB to 256 MB gives both. Two runtimes:
 N CPU devices in one process, or N `jax.distributed` processes on loopback (gloo).
 The same run measures this machine's f32 matmul rate and memory bandwidth, and
 what each tensor of a tuple all-reduce (XLA:CPU's combined all-reduce) adds
-inside a computing step: (T(tuple of k tensors) - T(their bytes as one tensor)) /
-(k - 1), each after a chain of kernels (`tuple_element_in_step`; timed in a step
-of its own it came out 5-7x smaller, see benchmarks/BENCHMARKS.md, "Rank
-fidelity"), and what a step costs beyond its kernels and all-reduces (see
-`StepCosts`). It writes a `cpu-threads` profile.
+inside a computing step, and what a step costs beyond its kernels and
+all-reduces (see `StepCosts`). It writes a `cpu-threads` profile.
+
+A tuple tensor is timed against the alternative it competes with in a plan: the
+same k tensors sent as k separate all-reduces, each after a chain of kernels
+(`tuple_element_in_step`; timed in a step of its own it came out 5-7x smaller,
+see benchmarks/BENCHMARKS.md, "Rank fidelity"). Its cost is the share
+(T(tuple) - T(one)) / (T(separate) - T(one)) of what a separate small
+all-reduce adds to a step, times the profile's own price of one
+(`StepCosts.all_reduce_in_step_s`): the order between a tuple and separate
+all-reduces is then the measured one, whatever the machine's speed when each
+probe ran (the raw per-tensor time drifted from 71 to 43 us between sessions).
 
 Each all-reduce point is what an all-reduce of that size adds to a computing
 step (`in_step_points`): the wall time of a step that runs only that psum, less
@@ -43,6 +50,7 @@ from disco_xla.simulator.profiles import MEASURED_COLLECTIVE_KINDS
 from disco_xla.timing import (
     median_seconds,
     paired_median_seconds,
+    rotating_median_seconds,
     summed_per_run,
     thunk_seconds,
     traced_events,
@@ -53,6 +61,9 @@ SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
 # tuple of TUPLE_TENSORS tensors, against it as one tensor (`in_step_probe`).
 TUPLE_TENSORS = 16
 TUPLE_ALL_REDUCE = "tuple all-reduce"
+# The same tensors as TUPLE_TENSORS separate all-reduces (XLA's combiner off).
+SEPARATE_ALL_REDUCES = "separate all-reduces"
+ALL_REDUCE_COMBINER = "cpu-all-reduce-combiner"
 # The largest buffer the other collectives are timed on: gloo's all-gather of
 # 256 MB (128 MB from each of 2 processes) hung on loopback in 2 of 3 runs here.
 OTHER_KINDS_MAX_BYTES = 16 * 2**20
@@ -249,9 +260,10 @@ def in_step_probe(
     """A call of a step that runs IN_STEP_ROUNDS times a chain of IN_STEP_KERNELS
     elementwise kernels (XLA's fusion off, so each is a kernel) on a vector of
     `kernel_bytes` per worker, each chain followed by the `collective` (a kind
-    of `collective_probes`, or TUPLE_ALL_REDUCE: the all-reduce's buffer as a
-    tuple of TUPLE_TENSORS; none when None) of a buffer of IN_STEP_BYTES taken
-    from the vector's start, whose result replaces as much of the vector."""
+    of `collective_probes`; TUPLE_ALL_REDUCE: the all-reduce's buffer as a
+    tuple of TUPLE_TENSORS; SEPARATE_ALL_REDUCES: as that many all-reduces, with
+    XLA's combiner off; none when None) of a buffer of IN_STEP_BYTES taken from
+    the vector's start, whose result replaces as much of the vector."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -260,6 +272,7 @@ def in_step_probe(
     elements = IN_STEP_BYTES // 4
     probes = collective_probes(axis, workers)
     probes[TUPLE_ALL_REDUCE] = (tuple_probe(axis), lambda n: n)
+    probes[SEPARATE_ALL_REDUCES] = (tuple_probe(axis, separate=True), lambda n: n)
     apply, part = probes[collective or "all-reduce"]
 
     def rounds(x):
@@ -276,10 +289,11 @@ def in_step_probe(
         return x
 
     vector = place_split(np.ones((kernel_bytes // 4,), np.float32))
+    passes_off = ["fusion"] + ([ALL_REDUCE_COMBINER] if collective == SEPARATE_ALL_REDUCES else [])
     step = (
         jax.jit(jax.shard_map(rounds, mesh=mesh, in_specs=P(axis), out_specs=P(axis)))
         .lower(vector)
-        .compile(compiler_options={"xla_disable_hlo_passes": "fusion"})
+        .compile(compiler_options={"xla_disable_hlo_passes": ",".join(passes_off)})
     )
     return lambda: jax.block_until_ready(step(vector))
 
@@ -415,8 +429,9 @@ def measure_collectives(
 def measure_in_process(
     devices: int, sizes: list[int], repeats: int, tick: Callable[[], None] = lambda: None
 ) -> tuple[dict[str, list[tuple[int, float]]], float, StepCosts]:
-    """`measure_collectives`, `tuple_element_in_step` and the `StepCosts` over
-    `devices` CPU devices of this process, in the order the processes take."""
+    """`measure_collectives`, a tuple tensor's share of a separate all-reduce
+    (`tuple_element_in_step`) and the `StepCosts` over `devices` CPU devices of
+    this process, in the order the processes take."""
     import jax
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -431,10 +446,10 @@ def measure_in_process(
         return jax.device_put(np.concatenate([x] * devices), split)
 
     measured = measure_collectives(mesh, place_split, sizes, repeats, tick, ("all-reduce",))
-    tuple_element_s = tuple_element_in_step(mesh, place_split)
+    tuple_share = tuple_element_in_step(mesh, place_split)
     step = measure_step_costs(mesh, lambda x: jax.device_put(x, replicated), place_split)
     others = measure_collectives(mesh, place_split, sizes, repeats, tick, MEASURED_COLLECTIVE_KINDS)
-    return {**measured, **others}, tuple_element_s, step
+    return {**measured, **others}, tuple_share, step
 
 
 def _time_call(fn: Callable, argument, repeats: int) -> float:
@@ -442,33 +457,57 @@ def _time_call(fn: Callable, argument, repeats: int) -> float:
 
 
 def tuple_element_in_step(mesh, place_split: Callable) -> float:
-    """Seconds each tensor after the first adds to a tuple all-reduce inside a
-    computing step (XLA:CPU's combined all-reduce sends its tensors one after
-    another): `in_step_probe` with TUPLE_ALL_REDUCE against it with one
-    all-reduce of the same bytes, timed in paired, alternating runs. Every
-    worker must call it at the same time."""
-    calls = [in_step_probe(mesh, place_split, k) for k in ("all-reduce", TUPLE_ALL_REDUCE)]
-    for call in calls * 3:
+    """What each tensor after the first adds to a tuple all-reduce inside a
+    computing step, as a share of what each adds as a separate all-reduce
+    (`tuple_element_share`): `in_step_probe` with one all-reduce, with
+    TUPLE_ALL_REDUCE and with SEPARATE_ALL_REDUCES of the same bytes, timed in
+    rounds whose order rotates. Every worker must call it at the same time."""
+    kinds = ("all-reduce", TUPLE_ALL_REDUCE, SEPARATE_ALL_REDUCES)
+    calls = {kind: in_step_probe(mesh, place_split, kind) for kind in kinds}
+    for call in list(calls.values()) * 3:
         call()
-    one_s, tuple_s = paired_median_seconds(*calls, IN_STEP_RUNS)
-    return tuple_element_from(tuple_s, one_s)
+    times = rotating_median_seconds(calls, IN_STEP_RUNS)
+    return tuple_element_share(*(times[kind] for kind in kinds))
+
+
+def tuple_element_share(one_s: float, tuple_s: float, separate_s: float) -> float:
+    """What a tuple tensor after the first adds to a step, as a share of what a
+    separate all-reduce adds (>= 0), from the in-step probe's times with one
+    all-reduce, with the same bytes as a tuple of TUPLE_TENSORS, and as that
+    many separate all-reduces. 1 where the separate all-reduces measured no
+    dearer than one (noise: the share cannot be told)."""
+    if separate_s <= one_s:
+        return 1.0
+    return max(0.0, (tuple_s - one_s) / (separate_s - one_s))
+
+
+def tuple_element_seconds(share: float, step: StepCosts) -> float:
+    """A tuple tensor's cost for the profile: `share` (`tuple_element_share`) of
+    what the profile charges a separate small all-reduce, the in-step time of
+    one (`StepCosts.all_reduce_in_step_s`, the least of its points:
+    `in_step_points`)."""
+    return share * (step.all_reduce_in_step_s or 0.0)
 
 
 def tuple_element_from(tuple_s: float, one_s: float) -> float:
-    """`tuple_element_in_step` from the in-step probe's times with a tuple
-    all-reduce and with one all-reduce of the same bytes (>= 0)."""
+    """Seconds each tensor after the first adds to a tuple all-reduce, from the
+    in-step probe's times with a tuple all-reduce and with one all-reduce of the
+    same bytes (>= 0)."""
     return max(0.0, (tuple_s - one_s) / (IN_STEP_ROUNDS * (TUPLE_TENSORS - 1)))
 
 
-def tuple_probe(axis: str) -> Callable:
-    """A psum over `axis` of a vector as a tuple of TUPLE_TENSORS equal slices,
-    the results joined again (its length a multiple of TUPLE_TENSORS)."""
+def tuple_probe(axis: str, separate: bool = False) -> Callable:
+    """A psum over `axis` of a vector as a tuple of TUPLE_TENSORS equal slices
+    (or, `separate`, a psum of each slice), the results joined again (its
+    length a multiple of TUPLE_TENSORS)."""
     import jax
     import jax.numpy as jnp
 
     def as_tuple(x):
         length = x.shape[0] // TUPLE_TENSORS
         parts = tuple(x[i * length : (i + 1) * length] for i in range(TUPLE_TENSORS))
+        if separate:
+            return jnp.concatenate([jax.lax.psum(part, axis) for part in parts])
         return jnp.concatenate(jax.lax.psum(parts, axis))
 
     return as_tuple
@@ -493,7 +532,8 @@ def measure_multi_process(
     processes: int, sizes: list[int], repeats: int, timeout_s: float = 900
 ) -> tuple[dict[str, list[tuple[int, float]]], float, StepCosts]:
     """`measure_collectives` over `processes` jax.distributed processes on
-    loopback, `tuple_element_in_step` and the `StepCosts` there."""
+    loopback, a tuple tensor's share of a separate all-reduce
+    (`tuple_element_in_step`) and the `StepCosts` there."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -532,7 +572,7 @@ def measure_multi_process(
     collectives = {
         kind: [tuple(point) for point in points] for kind, points in result["collectives"].items()
     }
-    return collectives, result["tuple_element_s"], StepCosts(*result["step"])
+    return collectives, result["tuple_share"], StepCosts(*result["step"])
 
 
 def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]) -> None:
@@ -553,7 +593,7 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
         repeats,
         kinds=("all-reduce",),
     )
-    tuple_element_s = tuple_element_in_step(
+    tuple_share = tuple_element_in_step(
         mesh, lambda x: jax.make_array_from_process_local_data(sharding, x)
     )
     replicated = NamedSharding(mesh, P())
@@ -577,7 +617,7 @@ def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]
     if rank == 0:
         result = {
             "collectives": measured,
-            "tuple_element_s": tuple_element_s,
+            "tuple_share": tuple_share,
             "step": [
                 step.step_overhead_s,
                 step.step_buffer_s,

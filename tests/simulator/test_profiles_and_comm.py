@@ -168,6 +168,12 @@ def test_calibrate_measures_fits_and_writes_a_loadable_profile(tmp_path, where):
     # XLA:CPU sends a tuple all-reduce's tensors one after another, on both runtimes.
     assert report["tuple_all_reduce_element_s"] > 0
     assert profile.tuple_all_reduce_element_s == pytest.approx(report["tuple_all_reduce_element_s"])
+    # Each is priced as its measured share of a separate all-reduce, at the price
+    # the profile puts on a small one.
+    assert report["tuple_all_reduce_share"] > 0
+    assert report["tuple_all_reduce_element_s"] == pytest.approx(
+        report["tuple_all_reduce_share"] * report["all_reduce_in_step_s"]
+    )
     # What a step costs beyond kernels and all-reduces, measured on empty steps and
     # probes, goes into the profile; the points are what an all-reduce adds to a step.
     assert report["step_buffer_s"] > 0 and report["empty_step_s"] > 0

@@ -158,3 +158,38 @@ def test_the_worker_lag_is_the_all_reduce_growth_over_the_kernel_time():
     assert worker_lag((20e-6, 15e-6), (70e-6, 515e-6)) == pytest.approx(0.1)
     assert worker_lag((20e-6, 15e-6), (10e-6, 515e-6)) == 0.0  # never negative
     assert worker_lag((20e-6, 15e-6), (70e-6, 15e-6)) == 0.0  # no more kernels: unknown
+
+
+@pytest.mark.parametrize("share", [0.6, 0.9, 1.3])
+def test_a_tuple_tensor_is_priced_at_its_measured_share_of_a_separate_all_reduce(share):
+    from disco_xla.simulator.calibrate import (
+        IN_STEP_BYTES,
+        TUPLE_TENSORS,
+        tuple_element_seconds,
+        tuple_element_share,
+    )
+    from disco_xla.simulator.events import communication_ps
+
+    # The in-step probe: one all-reduce adds 50 us a round; each of the 15 more
+    # tensors adds 40 us as separate all-reduces, and `share` of that in a tuple.
+    rounds_s, extra = 1e-3, TUPLE_TENSORS - 1
+    one_s, separate_s = rounds_s + 5e-5, rounds_s + 5e-5 + extra * 4e-5
+    tuple_s = one_s + extra * share * 4e-5
+    assert tuple_element_share(one_s, tuple_s, separate_s) == pytest.approx(share)
+    assert tuple_element_share(one_s, one_s - 1e-5, separate_s) == 0.0  # never below 0
+    assert tuple_element_share(one_s, tuple_s, one_s) == 1.0  # cannot be told
+    # The profile then charges the probe's tensors in that order: the tuple's
+    # extra tensors cost `share` of the separate all-reduces' extra.
+    profile = dataclasses.replace(load_profile("cpu-local-inprocess"), collective_message_s=0.0)
+    small_s = min(t for _, t in profile.all_reduce_points)
+    step = StepCosts(1e-5, 1e-6, 2e-5, 1.0, all_reduce_in_step_s=small_s)
+    priced = dataclasses.replace(
+        profile, tuple_all_reduce_element_s=tuple_element_seconds(share, step)
+    )
+    tensor = IN_STEP_BYTES // TUPLE_TENSORS
+    one_ps = communication_ps(IN_STEP_BYTES, 1, priced, all_reduce_s)[0]
+    separate_ps = TUPLE_TENSORS * communication_ps(tensor, 1, priced, all_reduce_s)[0]
+    tuple_ps = communication_ps(
+        IN_STEP_BYTES, TUPLE_TENSORS, priced, all_reduce_s, (tensor,) * TUPLE_TENSORS
+    )[0]
+    assert (tuple_ps - one_ps) / (separate_ps - one_ps) == pytest.approx(share, rel=1e-6)
