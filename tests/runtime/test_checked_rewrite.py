@@ -177,3 +177,61 @@ def test_a_module_that_cannot_run_here_gives_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert str(module_path) in result.stderr and "--no-check" in result.stderr
     assert not output.exists()
+
+
+# Two gradients that compute the same value: XLA's CSE sends one all-reduce for
+# both (as for the offset gradients of a resnet block's last batch norm and of
+# its shortcut's batch norm).
+EQUAL_GRADIENTS = """
+HloModule equal_gradients, replica_count=2
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[256] parameter(0)
+  w1 = f32[256] parameter(1)
+  w2 = f32[256] parameter(2)
+  w3 = f32[256] parameter(3)
+  forward = f32[256] tanh(x)
+  grad1 = f32[256] multiply(forward, w1)
+  grad2 = f32[256] exponential(forward)
+  grad3 = f32[256] exponential(forward)
+  mean1 = f32[256] all-reduce(grad1), replica_groups={{0,1}}, to_apply=sum
+  mean2 = f32[256] all-reduce(grad2), replica_groups={{0,1}}, to_apply=sum
+  mean3 = f32[256] all-reduce(grad3), replica_groups={{0,1}}, to_apply=sum
+  update1 = f32[256] subtract(w1, mean1)
+  update2 = f32[256] subtract(w2, mean2)
+  update3 = f32[256] subtract(w3, mean3)
+  ROOT out = (f32[256], f32[256], f32[256]) tuple(update1, update2, update3)
+}
+"""
+
+
+def test_a_bucket_that_takes_one_of_two_equal_gradients_still_rewrites(tmp_path):
+    from disco_xla.runtime.apply import NO_COMBINER, RewriteError, apply_plan, check_all_reduces
+    from disco_xla.runtime.xla_runner import compile_module
+
+    module_path = tmp_path / "equal.txt"
+    module_path.write_text(EQUAL_GRADIENTS)
+    module = load_module(str(module_path))
+    assert len(compile_module(module, NO_COMBINER).all_reduces) == 2  # XLA merged two
+    # The bucket takes one of the equal pair; the other is then sent on its own.
+    plan = dataclasses.replace(
+        Plan.unfused(module), all_reduce_buckets=(("mean1", "mean2"), ("mean3",))
+    )
+    rewritten = apply_plan(module, plan, fusion=False)
+    compiled = compile_module(rewritten, NO_COMBINER)
+    sizes = [compiled.instruction(a.name).shape.elements for a in compiled.all_reduces]
+    assert sorted(sizes) == [256, 512]
+    # The check still refuses a program without the plan's bucket.
+    with pytest.raises(RewriteError, match="the plan asks for"):
+        check_all_reduces(module, plan, compile_module(module, NO_COMBINER))
+    # As a user applies it: written, equal to the original, or the original kept.
+    report, _ = _apply(str(module_path), plan, tmp_path, "--buckets-only", "--json")
+    assert "error" not in report["measured"]["candidates"]["buckets"]
+    assert report["measured"]["candidates"]["buckets"]["equal"]
+    _assert_the_rule_holds(report)
