@@ -65,6 +65,7 @@ BUCKETS = 3
 PROBE, IN_STEP, IN_STEP_NONE = "probe:compute", "probe:all-reduces", "probe:no-all-reduces"
 EMPTY, EMPTY_MANY = "probe:empty-step", "probe:empty-step-many"
 TUPLE = "probe:tuple-all-reduce"
+SEPARATE = "probe:separate-all-reduces"
 LAG, LAG_NONE = "probe:all-reduces-more-kernels", "probe:no-all-reduces-more-kernels"
 
 
@@ -256,7 +257,7 @@ def _probes(mesh) -> dict:
     """`disco-xla calibrate`'s probes of the machine-speed terms of a profile, to
     be timed with a step's plans: the empty steps, the compute probe, the in-step
     all-reduce probe (with and without its all-reduces, and with each as a tuple
-    of tensors)."""
+    of tensors or as that many separate all-reduces)."""
     from disco_xla.simulator import calibrate
 
     place, place_split = _placements(mesh)
@@ -270,6 +271,7 @@ def _probes(mesh) -> dict:
         LAG: calibrate.in_step_probe(mesh, place_split, "all-reduce", calibrate.IN_STEP_LAG_BYTES),
         LAG_NONE: calibrate.in_step_probe(mesh, place_split, None, calibrate.IN_STEP_LAG_BYTES),
         TUPLE: calibrate.in_step_probe(mesh, place_split, calibrate.TUPLE_ALL_REDUCE),
+        SEPARATE: calibrate.in_step_probe(mesh, place_split, calibrate.SEPARATE_ALL_REDUCES),
     }
 
 
@@ -281,7 +283,8 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
     machine. The terms: the host's step costs (empty steps), the kernel time
     scale (compute probe), the in-step all-reduce time (by which every
     all-reduce point moves), the worker lag (the in-step probe with more kernels)
-    and each tuple tensor's time (`calibrate.StepCosts`, `calibrate.in_step_points`).
+    and each tuple tensor's time, as its share of a separate all-reduce's
+    (`calibrate.StepCosts`, `calibrate.in_step_points`, `calibrate.tuple_element_share`).
     The all-reduce points' size-dependent part and the device rates stay the
     profile's."""
     import dataclasses
@@ -310,7 +313,9 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
         kernel_time_scale=step.kernel_time_scale,
         worker_lag=step.worker_lag,
         all_reduce_points=points,
-        tuple_all_reduce_element_s=calibrate.tuple_element_from(median(TUPLE), median(IN_STEP)),
+        tuple_all_reduce_element_s=calibrate.tuple_element_seconds(
+            calibrate.tuple_element_share(median(IN_STEP), median(TUPLE), median(SEPARATE)), step
+        ),
     )
 
 

@@ -489,13 +489,6 @@ def tuple_element_seconds(share: float, step: StepCosts) -> float:
     return share * (step.all_reduce_in_step_s or 0.0)
 
 
-def tuple_element_from(tuple_s: float, one_s: float) -> float:
-    """Seconds each tensor after the first adds to a tuple all-reduce, from the
-    in-step probe's times with a tuple all-reduce and with one all-reduce of the
-    same bytes (>= 0)."""
-    return max(0.0, (tuple_s - one_s) / (IN_STEP_ROUNDS * (TUPLE_TENSORS - 1)))
-
-
 def tuple_probe(axis: str, separate: bool = False) -> Callable:
     """A psum over `axis` of a vector as a tuple of TUPLE_TENSORS equal slices
     (or, `separate`, a psum of each slice), the results joined again (its

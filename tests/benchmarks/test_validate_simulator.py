@@ -77,6 +77,7 @@ def test_probes_timed_with_the_plans_set_the_machine_speed_terms_of_the_profile(
         LAG,
         LAG_NONE,
         PROBE,
+        SEPARATE,
         TUPLE,
         with_probes,
     )
@@ -98,8 +99,10 @@ def test_probes_timed_with_the_plans_set_the_machine_speed_terms_of_the_profile(
         PROBE: [3e-3, empty_s + 4e-3, 9e-3],  # median: the empty step + 4 ms
         IN_STEP: [1e-3 + IN_STEP_ROUNDS * 5e-5] * 3,
         IN_STEP_NONE: [1e-3] * 3,
-        # As one tensor the all-reduce adds 50 us a round; as 16, 15 x 15 us more.
+        # As one tensor the all-reduce adds 50 us a round; as 16, 15 x 15 us more,
+        # and as 16 separate all-reduces 15 x 50 us more: a share of 0.3.
         TUPLE: [1e-3 + IN_STEP_ROUNDS * (5e-5 + (TUPLE_TENSORS - 1) * 1.5e-5)] * 3,
+        SEPARATE: [1e-3 + IN_STEP_ROUNDS * 5e-5 * TUPLE_TENSORS] * 3,
         # With 1 ms more of kernels a round, each all-reduce adds 100 us more.
         LAG: [IN_STEP_ROUNDS * (2e-3 + 1.5e-4)] * 3,
         LAG_NONE: [IN_STEP_ROUNDS * 2e-3] * 3,
@@ -108,7 +111,8 @@ def test_probes_timed_with_the_plans_set_the_machine_speed_terms_of_the_profile(
     assert now.kernel_time_scale == pytest.approx(2.0)
     assert now.step_buffer_s == pytest.approx(buffer_s)
     assert now.step_overhead_s == pytest.approx(empty_s - 2 * buffer_s)
-    assert now.tuple_all_reduce_element_s == pytest.approx(1.5e-5)
+    # 0.3 of what the profile now charges a small all-reduce in a step, 50 us.
+    assert now.tuple_all_reduce_element_s == pytest.approx(0.3 * 5e-5)
     # 1e-3 / 16 = 62.5 us a round without, 2 ms with more kernels: 100 us / 1.9375 ms.
     assert now.worker_lag == pytest.approx((1.5e-4 - 5e-5) / (2e-3 - 1e-3 / IN_STEP_ROUNDS))
     # A 4 KB all-reduce now adds 50 us to a step; every point moves by 30 us.
