@@ -293,7 +293,9 @@ def test_kernels_holding_a_dot_or_convolution_are_found_and_scored_apart(trained
     assert figures["library_kernels"] == library.sum()
     chosen = kernels.subset(np.flatnonzero(library))
     expected = error_figures(model.predict_features(model.config.featurize(chosen)), chosen.time_s)
-    assert figures["gnn_library"] == pytest.approx(expected)
+    # The same float32 predictions, batched with other kernels or alone: equal to
+    # float32 rounding (one clean-clone run differed by 1.4e-6 relative).
+    assert figures["gnn_library"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_weights_written_before_feature_sets_load_as_set_1(dataset, tmp_path):
