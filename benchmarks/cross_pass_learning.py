@@ -145,7 +145,7 @@ def model_row(row: dict, tuple_tensor_s: tuple[float, ...] = ()) -> dict:
             if way != "learned"
         }
         out[name]["learned"] = ways["learned"]
-        out[name]["alternatives"] = list(alternatives)
+    out["alternatives"] = list(alternatives)
     # Nothing is learned by the profile's ways: they are judged on both passes' mean too.
     mean = {label: (first[label] + second[label]) / 2 for label in first}
     shipped = {label: simulated for label, (_, _, _, simulated) in programs.items()}
@@ -217,7 +217,7 @@ def main() -> None:
                 f"  learn {direction}: one cost {learned['one cost'] * 1e6:.1f} us; two costs "
                 f"{message_s * 1e6:.1f} us a collective, {tensor_s * 1e6:.1f} us a tuple tensor"
             )
-            for way in ("profile", "one cost", "two costs", *result[direction]["alternatives"]):
+            for way in ("profile", "one cost", "two costs", *result["alternatives"]):
                 figures = result[direction][way]
                 print(
                     f"    {way:10s} tau {figures['kendall_tau']:5.2f}  regret "

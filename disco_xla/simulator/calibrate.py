@@ -61,7 +61,8 @@ SIZES_BYTES = [4096 * 4**k for k in range(9)]  # 4 KB ... 256 MB
 # tuple of TUPLE_TENSORS tensors, against it as one tensor (`in_step_probe`).
 TUPLE_TENSORS = 16
 TUPLE_ALL_REDUCE = "tuple all-reduce"
-# The same tensors as TUPLE_TENSORS separate all-reduces (XLA's combiner off).
+# The same tensors as TUPLE_TENSORS separate all-reduces (XLA's combiner off;
+# the pass's name as `runtime.apply.ALL_REDUCE_COMBINER`, a layer above this one).
 SEPARATE_ALL_REDUCES = "separate all-reduces"
 ALL_REDUCE_COMBINER = "cpu-all-reduce-combiner"
 # The largest buffer the other collectives are timed on: gloo's all-gather of
