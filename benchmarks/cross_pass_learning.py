@@ -68,7 +68,7 @@ def programs_of(
 
     module = captured(row["model"])
     compiled = compile_module(module, NO_COMBINER)
-    profile = load_profile(row["cluster"])
+    profile = load_profile(row["cluster"], row.get("priced_at_workers"))  # as rank_fidelity
     bare = dataclasses.replace(profile, collective_message_s=0.0, tuple_all_reduce_element_s=0.0)
     baselines = captured_baselines(module, compiled, profile, RooflineCostModel(profile))
     found = optimize(module, row["cluster"], max_evaluations=MAX_EVALUATIONS, compiled=compiled)
@@ -134,7 +134,8 @@ def model_row(row: dict, tuple_tensor_s: tuple[float, ...] = ()) -> dict:
     from disco_xla.simulator.profiles import load_profile
 
     programs, alternatives = programs_of(row, tuple_tensor_s)
-    calibrated_tensor_s = load_profile(row["cluster"]).tuple_all_reduce_element_s
+    priced = load_profile(row["cluster"], row.get("priced_at_workers"))
+    calibrated_tensor_s = priced.tuple_all_reduce_element_s
     first, second = row["passes_s"]
     out = {"model": row["model"], "between_passes": _figures(rank_fidelity(first, second))}
     for name, learn, judge in (("1->2", first, second), ("2->1", second, first)):

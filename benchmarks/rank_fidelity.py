@@ -16,8 +16,11 @@ same count once, under the first label. `xla` is XLA's own program (combiner on)
 simulated as the `xla` baseline. Every program runs on the same random inputs in
 paired rounds whose order rotates (`runtime.apply.time_candidates`), and is
 simulated with the roofline and the profile's boundary charge on --cluster, as the
-search sees it. Per model it prints Kendall's τ-b between simulated and measured
-times and the top-1 regret (`search.ranking`), then each plan's times. With
+search sees it: with the figures the profile holds for the module's worker count
+(`ClusterProfile.for_workers`); where those are not its own count's, the same
+programs priced at its own count are ranked beside them. Per model it prints
+Kendall's τ-b between simulated and measured times and the top-1 regret
+(`search.ranking`), then each plan's times. With
 --passes 2 the programs are measured twice, independently (each pass on its own
 inputs), the times averaged, and the first pass's times are also ranked against
 the second's: the τ and regret of the measurement itself, the ceiling for any
@@ -137,7 +140,9 @@ def measure(name: str, args, module=None) -> dict:
 
     module = module if module is not None else captured(name)
     compiled = compile_module(module, NO_COMBINER)
-    profile = load_profile(args.cluster)
+    # Priced as the search prices it: the profile's figures at the module's worker count.
+    own_count = load_profile(args.cluster)
+    profile = own_count.for_workers(module.worker_count())
     baselines = captured_baselines(module, compiled, profile, RooflineCostModel(profile))
 
     def make_plans() -> str:
@@ -158,14 +163,27 @@ def measure(name: str, args, module=None) -> dict:
         label: gather(f"rank_fidelity/{name}/{label}/equal", str(int(r.outputs.equal)))
         for label, r in results.items()
     }
-    model = boundary_charged(RooflineCostModel(profile), profile, xla_own_groups(module))
-    simulated = {
-        label: simulate(build_task_graph(module, plan), profile, model).iteration_s
-        for label, plan in plans.items()
-    }
-    simulated["xla"] = simulate(baselines["xla"].task_graph(), profile, model).iteration_s
+
+    def simulated_on(priced) -> dict:
+        model = boundary_charged(RooflineCostModel(priced), priced, xla_own_groups(module))
+        times = {
+            label: simulate(build_task_graph(module, plan), priced, model).iteration_s
+            for label, plan in plans.items()
+        }
+        times["xla"] = simulate(baselines["xla"].task_graph(), priced, model).iteration_s
+        return times
+
+    simulated = simulated_on(profile)
     measured = {label: statistics.mean(run[label] for run in passes) for label in passes[0]}
     fidelity = rank_fidelity(simulated, measured)
+    at_own_count = {}
+    if profile is not own_count:  # the same programs priced at the profile's own count
+        other = rank_fidelity(simulated_on(own_count), measured)
+        at_own_count["at_profile_count"] = {
+            "workers": own_count.workers,
+            "kendall_tau": other.kendall_tau,
+            "top1_regret": other.top1_regret,
+        }
     return {
         "model": name,
         "cluster": args.cluster,
@@ -183,6 +201,8 @@ def measure(name: str, args, module=None) -> dict:
             for label in measured
         },
         "left_out": left_out,
+        "priced_at_workers": profile.workers,
+        **at_own_count,
         **between_passes(simulated, passes),
     }
 
@@ -253,6 +273,13 @@ def print_row(row: dict) -> None:
         )
     for label, why in row["left_out"].items():
         print(f"  {label:26s} {why}")
+    if "at_profile_count" in row:
+        own = row["at_profile_count"]
+        print(
+            f"  priced at the profile's own {own['workers']} workers instead of "
+            f"{row['priced_at_workers']}: Kendall tau {own['kendall_tau']:.2f}, "
+            f"top-1 regret {own['top1_regret']:.1%}"
+        )
     if "between_passes_kendall_tau" in row:
         print(
             f"  between two measured passes: Kendall tau {row['between_passes_kendall_tau']:.2f}, "

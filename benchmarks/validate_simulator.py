@@ -462,7 +462,7 @@ def main() -> int:
 
     workers = jax.process_count() if distributed else IN_PROCESS_DEVICES
     cluster = args.cluster or ("cpu-local" if distributed else "cpu-local-inprocess")
-    profile = load_profile(cluster)
+    profile = load_profile(cluster, workers)  # its figures at this worker count
     from disco_xla.timing import cpus_kept_awake
 
     rows = []

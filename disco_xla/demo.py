@@ -124,8 +124,8 @@ def _optimize_apply_measure(module, step, args) -> int:
     from disco_xla.simulator.profiles import load_profile
 
     settings = OptimizeSettings(cluster="cpu-local", max_evaluations=300, seed=0)
-    profile = load_profile(settings.cluster)
     module = prepared(module)
+    profile = load_profile(settings.cluster, module.worker_count())
     comparison, plan_path = _search(module, profile, settings)
     plan = comparison.found.plan
     written = _apply(module, plan, plan_path)

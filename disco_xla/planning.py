@@ -71,7 +71,8 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     # any cost model, and a new measurement makes a new search.
     measured_s = cache.kernel_times(machine_key(profile)) if cache is not None else {}
     learned = learned_collective_costs(cache, profile, module) if cache is not None else None
-    charged = learned.applied_to(profile) if learned is not None else profile
+    priced = profile.for_workers(module.worker_count())  # as measured at the module's count
+    charged = learned.applied_to(priced) if learned is not None else priced
     message_s, tuple_element_s = charged.collective_message_s, charged.tuple_all_reduce_element_s
     options = settings.search_options()
     if measured_s:
@@ -113,14 +114,14 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     plans = {"plan": found.plan, **alternatives}
     counts = _message_counts(module, plans)
     if "xla" in baselines:  # XLA's own program: what the first call times the others against
-        counts["original"] = _original_message_counts(module, baselines["xla"][0], profile)
+        counts["original"] = _original_message_counts(module, baselines["xla"][0], priced)
         simulated["original"] = baselines["xla"][1]
     record = CandidateRecord(
         plans,
         simulated,
         messages={label: collectives for label, (collectives, _) in counts.items()},
         message_s=message_s,
-        workers=_workers(module),
+        workers=module.worker_count(),
         tuple_tensors={label: tensors for label, (_, tensors) in counts.items()},
         tuple_element_s=tuple_element_s,
     )
@@ -138,12 +139,6 @@ def _moved_far(before_s: float, now_s: float) -> bool:
     if before_s <= 0 or now_s <= 0:
         return (before_s > 0) != (now_s > 0)
     return max(before_s, now_s) > 2 * min(before_s, now_s)
-
-
-def _workers(module: HloModule) -> int:
-    """The devices the module's step runs on."""
-    counts = module.device_counts()
-    return counts["num_replicas"] * counts["num_partitions"]
 
 
 def _message_counts(module: HloModule, plans: dict[str, Plan]) -> dict[str, tuple[int, int]]:
@@ -172,7 +167,7 @@ def learned_collective_costs(cache: PlanCache, profile, module: HloModule) -> Co
     None for a cost they cannot tell (the profile's own then holds)."""
     from disco_xla.simulator.step_time_fit import fit_collective_costs
 
-    return fit_collective_costs(cache.step_times(machine_key(profile), _workers(module)))
+    return fit_collective_costs(cache.step_times(machine_key(profile), module.worker_count()))
 
 
 def learn_kernel_times(settings: OptimizeSettings, times_s: dict[str, float]) -> bool:

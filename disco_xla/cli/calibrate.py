@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import takewhile
 
 from disco_xla.cli.shared import add_keep_cpus_awake, cpus_awake_if_asked
 from disco_xla.errors import DiscoInputError
@@ -26,12 +27,21 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per size")
     calibrate.add_argument("--json", action="store_true", help="print one JSON object")
     add_keep_cpus_awake(calibrate)
-    calibrate.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
+    written = calibrate.add_mutually_exclusive_group()
+    written.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
+    written.add_argument(
+        "--add-to",
+        metavar="PROFILE",
+        help="add the figures to this profile (a YAML path) as its section for this worker "
+        "count (other_worker_counts), instead of writing a profile",
+    )
     calibrate.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     workers = _checked_workers(args)
+    if args.add_to:
+        _check_add_to(args, workers)
     import jax
 
     jax.config.update("jax_num_cpu_devices", max(workers, 1) if not args.processes else 1)
@@ -63,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
     boundary = measure_fusion_boundary_s(profile_from_dict(profile, "calibrate"))
     profile["fusion_boundary_s"] = boundary.fusion_boundary_s
-    _write_profile(args.output, profile)
+    if args.add_to:
+        args.output = args.add_to
+        profile = _with_section(args.add_to, profile, workers)
+    _write_profile(args.output, profile, _leading_comments(args.add_to))
     report = {
         "runtime": runtime,
         "workers": workers,
@@ -73,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         "fusion_boundary_s": boundary.fusion_boundary_s,
         "fusion_boundary_probe": boundary.__dict__,
         "profile": args.output,
+        "added_at_workers": workers if args.add_to else None,
     }
     if args.json:
         print(json.dumps(report))
@@ -126,12 +140,64 @@ def _measure(args: argparse.Namespace, workers: int) -> tuple:
     return runtime, collective_steps, tuple_share, step, flops, bandwidth
 
 
-def _write_profile(path: str, profile: dict) -> None:
+def _read_profile(path: str) -> dict:
+    """The profile at `path` as a mapping, checked as `load_profile` checks it."""
+    import yaml
+
+    from disco_xla.simulator.profiles import profile_from_dict
+
+    try:
+        with open(path) as file:
+            data = yaml.safe_load(file)
+    except OSError as error:
+        raise DiscoInputError(path, f"cannot read it ({error.strerror})") from None
+    except yaml.YAMLError:
+        raise DiscoInputError(path, "not a valid YAML profile") from None
+    profile_from_dict(data, path)
+    return data
+
+
+def _check_add_to(args: argparse.Namespace, workers: int) -> None:
+    """Before measuring: the profile to add to is readable, one-node, and not
+    calibrated at this count as its own."""
+    data = _read_profile(args.add_to)
+    if data["topology"].get("nodes") != 1:
+        raise DiscoInputError(args.add_to, "figures by worker count need a one-node profile")
+    if data["topology"].get("devices_per_node") == workers:
+        raise DiscoInputError(
+            args.add_to, f"calibrated at {workers} workers itself; write it anew with -o"
+        )
+
+
+def _with_section(path: str, measured: dict, workers: int) -> dict:
+    """The profile at `path` with `measured` (a whole calibrated profile) as its
+    section for `workers` (`profiles.SECTION_KEYS`), replacing any there."""
+    from disco_xla.simulator.profiles import SECTION_KEYS, profile_from_dict
+
+    data = _read_profile(path)
+    sections = dict(data.get("other_worker_counts") or {})
+    sections[workers] = {key: measured[key] for key in SECTION_KEYS if key in measured}
+    data["other_worker_counts"] = dict(sorted(sections.items()))
+    profile_from_dict(data, path)
+    return data
+
+
+def _leading_comments(path: str | None) -> str:
+    """The comment lines a profile opens with (its provenance), kept when a
+    section is added to it; the calibrate header for a new profile."""
+    if not path:
+        return PROFILE_HEADER
+    with open(path) as file:
+        opening = takewhile(lambda line: line.startswith("#") or not line.strip(), file)
+        return "".join(line for line in opening if line.startswith("#"))
+
+
+def _write_profile(path: str, profile: dict, header: str = PROFILE_HEADER) -> None:
     import yaml
 
     try:
         with open(path, "w") as file:
-            file.write(PROFILE_HEADER)
+            file.write(header)
             yaml.safe_dump(profile, file, sort_keys=False)
     except OSError as error:
         raise DiscoInputError(path, f"cannot write it ({error.strerror})") from None
@@ -209,4 +275,7 @@ def print_calibration(report: dict) -> None:
     )
     flops, bandwidth = report["peak_flops_f32"], report["memory_bandwidth_bytes_per_s"]
     print(f"  f32 matmul {flops / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s")
-    print(f"wrote {report['profile']}")
+    if report["added_at_workers"]:
+        print(f"added to {report['profile']} for {report['added_at_workers']} workers")
+    else:
+        print(f"wrote {report['profile']}")

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from disco_xla.simulator.profiles import load_profile
 
     module = load_for_planning(args.file)
-    profile = load_profile(args.cluster)
+    profile = load_profile(args.cluster, module.worker_count())
     cost_model = make_cost_model(args.cost_model, profile, args.table)
     use_devices(module)
     comparison = _search(args, module, profile, cost_model)

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace and len(names) > 1:
         raise DiscoInputError(args.trace, f"--trace writes one plan's trace, not {len(names)}")
     module = load_for_planning(args.file)
-    profile = load_profile(args.cluster)
+    profile = load_profile(args.cluster, module.worker_count())
     cost_model = make_cost_model(args.cost_model, profile, args.table)
     results = {}
     for name in names:

@@ -550,6 +550,11 @@ class HloModule:
                 partitions = global_devices
         return {"num_replicas": replicas, "num_partitions": partitions}
 
+    def worker_count(self) -> int:
+        """The devices the step runs on: replicas times partitions."""
+        counts = self.device_counts()
+        return counts["num_replicas"] * counts["num_partitions"]
+
     @property
     def already_partitioned(self) -> bool:
         """Whether this is one partition's program, as XLA's SPMD partitioner

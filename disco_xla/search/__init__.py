@@ -31,7 +31,8 @@ def optimize(
     compiled: HloModule | None = None,
 ) -> Plan:
     """The plan with the lowest simulated iteration time that the backtracking
-    search finds for `module` on `cluster` (a profile name or a YAML path).
+    search finds for `module` on `cluster` (a profile name or a YAML path),
+    priced with the figures the profile holds for the module's worker count.
 
     `compiled` is the module as XLA compiled it with its all-reduce combiner off
     (`runtime.xla_runner.compile_module(module, ["cpu-all-reduce-combiner"])`).
@@ -77,7 +78,7 @@ def optimize_with_candidates(
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
-    profile = load_profile(cluster)
+    profile = load_profile(cluster, module.worker_count())
     if learned is not None:
         profile = learned.applied_to(profile)
     model = make_cost_model(cost_model, profile, table)

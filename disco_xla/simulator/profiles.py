@@ -23,6 +23,14 @@ A profile is a YAML file (`configs/clusters/NAME.yaml`, or any path). It gives:
 `disco-xla calibrate` also records what it measured under `calibration`: the
 all-reduce's (bytes, seconds) `points` and, for each of the other collectives it
 times, `collective_points` (`MEASURED_COLLECTIVE_KINDS`).
+
+A one-node profile may also hold `other_worker_counts`: for each further worker
+count, the keys `disco-xla calibrate --add-to` measured at that count (topology,
+links, step costs, calibration). On this machine a small all-reduce adds 0.5-0.8
+ms to a step on 2 gloo processes and 5.4-5.8 ms on 4 (benchmarks/BENCHMARKS.md,
+"What a collective adds to a step on 2 and on 4 gloo processes"), so a module is
+priced with the figures measured at its own worker count where the profile has
+them (`ClusterProfile.for_workers`, `load_profile(..., workers=)`).
 """
 
 from __future__ import annotations
@@ -125,11 +133,19 @@ class ClusterProfile:
     # point on a buffer of that many bytes as `graph.collective_bytes` counts it.
     # Where present, `comm.collective_s` reads them instead of the ring ratios.
     collective_points: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # The same machine measured at other worker counts (`other_worker_counts`):
+    # each a whole profile, this one with that count's figures in place.
+    by_worker_count: dict[int, ClusterProfile] = field(default_factory=dict)
     source: str = ""
 
     @property
     def workers(self) -> int:
         return self.devices_per_node * self.nodes
+
+    def for_workers(self, workers: int) -> ClusterProfile:
+        """This profile as measured at `workers` workers: the section for that
+        count when it has one, else itself (its own count's figures)."""
+        return self.by_worker_count.get(workers, self)
 
 
 _REQUIRED = {
@@ -154,7 +170,24 @@ _OPTIONAL = {
     "efficiency": dict,
     "description": str,
     "calibration": dict,
+    "other_worker_counts": dict,
 }
+# The keys a section of `other_worker_counts` may replace: what `disco-xla
+# calibrate` measures; the rest (name, execution, all_reduce) is the machine's.
+SECTION_KEYS = (
+    "description",
+    "compute_threads",
+    "device",
+    "topology",
+    "links",
+    "tuple_all_reduce_element_s",
+    "step_overhead_s",
+    "step_buffer_s",
+    "kernel_time_scale",
+    "worker_lag",
+    "fusion_boundary_s",
+    "calibration",
+)
 
 
 def available_profiles() -> list[str]:
@@ -165,8 +198,10 @@ def available_profiles() -> list[str]:
     return sorted(names)
 
 
-def load_profile(name_or_path: str) -> ClusterProfile:
-    """A profile by name (see `available_profiles`) or by path to a YAML file."""
+def load_profile(name_or_path: str, workers: int | None = None) -> ClusterProfile:
+    """A profile by name (see `available_profiles`) or by path to a YAML file;
+    with `workers`, as measured at that worker count where it has figures for
+    it (`ClusterProfile.for_workers`)."""
     path = Path(name_or_path)
     if not (name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path):
         for directory in profile_directories():
@@ -187,7 +222,8 @@ def load_profile(name_or_path: str) -> ClusterProfile:
     except (OSError, yaml.YAMLError) as error:
         problem = " ".join(str(error).split())[:200]
         raise DiscoInputError(str(path), f"not a valid YAML profile ({problem})") from None
-    return profile_from_dict(data, str(path))
+    profile = profile_from_dict(data, str(path))
+    return profile.for_workers(workers) if workers else profile
 
 
 def profile_from_dict(data, source: str) -> ClusterProfile:
@@ -242,8 +278,42 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
         efficiency=_number_map(data, "efficiency", "efficiency", source)
         if "efficiency" in data
         else {},
+        by_worker_count=_worker_count_sections(data, source),
         source=source,
     )
+
+
+def _worker_count_sections(data: dict, source: str) -> dict[int, ClusterProfile]:
+    """`other_worker_counts`, each section made a whole profile: `data` with the
+    section's keys in place. A section must hold a one-node topology of its
+    count, and only keys calibration measures (`SECTION_KEYS`)."""
+    sections = data.get("other_worker_counts", {})
+    if sections and data["topology"].get("nodes") != 1:
+        raise DiscoInputError(source, "'other_worker_counts' needs a one-node profile")
+    profiles = {}
+    for count, section in sections.items():
+        where = f"other_worker_counts.{count}"
+        if isinstance(count, bool) or not isinstance(count, int) or count < 2:
+            raise DiscoInputError(source, f"bad key {where!r}: expected a worker count >= 2")
+        if count == data["topology"].get("devices_per_node"):
+            raise DiscoInputError(source, f"bad key {where!r}: the profile's own count")
+        if not isinstance(section, dict):
+            raise DiscoInputError(source, f"bad key {where!r}: expected a mapping")
+        for key in section:
+            if key not in SECTION_KEYS:
+                raise DiscoInputError(source, f"bad key '{where}.{key}': not measured by count")
+        merged = {k: v for k, v in data.items() if k != "other_worker_counts"} | section
+        topology = merged["topology"]
+        if (
+            not isinstance(topology, dict)
+            or topology.get("nodes") != 1
+            or (topology.get("devices_per_node") != count)
+        ):
+            raise DiscoInputError(
+                source, f"bad key '{where}.topology': expected {count} devices on one node"
+            )
+        profiles[count] = profile_from_dict(merged, f"{source} ({where})")
+    return profiles
 
 
 def _calibration_points(calibration: dict, source: str) -> tuple[tuple[float, float], ...]:

@@ -18,7 +18,7 @@ from disco_xla.simulator.profiles import (
     available_profiles,
     load_profile,
 )
-from tests.conftest import run_cli
+from tests.conftest import run_cli, simulate_plans
 
 SHIPPED = ["a100-2x8-100g", "cpu-local", "h200-1x8-nvlink", "h200-8x8-ib400", "v100-2x8-25g"]
 
@@ -233,3 +233,103 @@ def test_calibrate_keeps_the_cpus_awake_when_asked_and_says_so(tmp_path):
 def test_calibrate_refuses_a_single_worker():
     result = run_cli("calibrate", "--devices", "1")
     assert result.returncode == 2 and "at least 2" in result.stderr
+
+
+def _cpu_local_with(tmp_path, sections: dict) -> str:
+    """cpu-local's profile with `sections` as its figures by worker count (none
+    when empty) written to a file: the path."""
+    data = yaml.safe_load(open(load_profile("cpu-local").source).read())
+    data.pop("other_worker_counts", None)
+    if sections:
+        data["other_worker_counts"] = sections
+    path = tmp_path / f"by-count-{len(sections)}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def _four_workers(section: dict) -> dict:
+    return {4: {"topology": {"devices_per_node": 4, "nodes": 1}, **section}}
+
+
+# Every all-reduce costs at least 5 ms at 4 workers: far above cpu-local's own.
+SLOW_AT_FOUR = {
+    "calibration": {
+        "points": [{"bytes": 4096, "measured_s": 5e-3}, {"bytes": 2**28, "measured_s": 1.0}]
+    },
+    "worker_lag": 0.5,
+}
+
+
+def test_a_profile_prices_a_module_at_the_worker_count_it_was_measured_at(tmp_path):
+    path = _cpu_local_with(tmp_path, _four_workers(SLOW_AT_FOUR))
+    own = load_profile(path)
+    at_four = load_profile(path, workers=4)
+    assert own.workers == 2 and at_four.workers == 4
+    assert all_reduce_s(4096, at_four) == pytest.approx(5e-3)
+    assert all_reduce_s(4096, own) == pytest.approx(all_reduce_s(4096, load_profile("cpu-local")))
+    assert all_reduce_s(4096, own) < 1e-3
+    # The section replaces what it holds and nothing else.
+    assert at_four.worker_lag == 0.5 and own.worker_lag == load_profile("cpu-local").worker_lag
+    assert at_four.peak_flops == own.peak_flops and at_four.name == own.name
+    assert at_four.tuple_all_reduce_element_s == own.tuple_all_reduce_element_s
+    # A count it has no figures for is priced with its own.
+    assert load_profile(path, workers=8) is not at_four
+    assert load_profile(path, workers=8).workers == 2
+
+
+def test_simulate_prices_a_four_device_module_with_the_figures_for_four(tmp_path, module_files):
+    module = module_files["jax_pmap_step"]  # a pmap step over 4 devices
+    slow = _cpu_local_with(tmp_path, _four_workers(SLOW_AT_FOUR))
+    at_four = simulate_plans(module, slow, ["xla"])["xla"]
+    own = simulate_plans(module, _cpu_local_with(tmp_path, {}), ["xla"])["xla"]
+    assert at_four["buckets"] >= 1
+    assert at_four["comm_s"] >= at_four["buckets"] * 5e-3
+    assert own["comm_s"] < at_four["buckets"] * 5e-3
+
+
+@pytest.mark.parametrize(
+    "section, problem",
+    [
+        ({"name": "other"}, "'other_worker_counts.4.name': not measured by count"),
+        ({"topology": {"devices_per_node": 3, "nodes": 1}}, "expected 4 devices on one node"),
+        ({"worker_lag": -1.0}, "'worker_lag'"),
+    ],
+)
+def test_a_bad_worker_count_section_is_a_one_line_error(tmp_path, module_files, section, problem):
+    path = _cpu_local_with(tmp_path, _four_workers(section))
+    with pytest.raises(DiscoInputError, match=problem) as error:
+        load_profile(path)
+    assert path in str(error.value) and "\n" not in str(error.value)
+    path = _cpu_local_with(tmp_path, {2: {"topology": {"devices_per_node": 2, "nodes": 1}}})
+    with pytest.raises(DiscoInputError, match="the profile's own count"):
+        load_profile(path)
+    result = run_cli("simulate", module_files["jax_pmap_step"], "--cluster", path)
+    assert result.returncode == 2 and path in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_calibrate_adds_its_figures_to_a_profile_at_their_worker_count(tmp_path):
+    path = tmp_path / "machine.yaml"
+    shipped = open(load_profile("cpu-local-inprocess").source).read()
+    path.write_text(shipped)
+    before = load_profile(str(path))
+    arguments = ["--devices", "4", "--max-bytes", "4096", "--repeats", "2", "--json"]
+    result = run_cli("calibrate", *arguments, "--add-to", str(path), timeout_s=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["added_at_workers"] == 4 and report["profile"] == str(path)
+    after = load_profile(str(path))
+    # Its own count's figures are as they were; the new count reads what was measured.
+    assert after.workers == 2 and after.all_reduce_points == before.all_reduce_points
+    assert after.worker_lag == before.worker_lag
+    at_four = load_profile(str(path), workers=4)
+    assert at_four.workers == 4 and at_four.worker_lag == pytest.approx(report["worker_lag"])
+    assert [size for size, _ in at_four.all_reduce_points] == [4096]
+    assert at_four.tuple_all_reduce_element_s == pytest.approx(report["tuple_all_reduce_element_s"])
+    # The profile's opening comments (its provenance) are kept.
+    opening = shipped[: shipped.index("\nname:") + 1]
+    assert opening.startswith("# Written by") and path.read_text().startswith(opening)
+    # Its own count cannot be added as a section: a one-line error before measuring.
+    again = run_cli("calibrate", "--devices", "2", "--add-to", str(path))
+    assert again.returncode == 2 and "write it anew with -o" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
