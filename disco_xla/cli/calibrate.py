@@ -140,27 +140,12 @@ def _measure(args: argparse.Namespace, workers: int) -> tuple:
     return runtime, collective_steps, tuple_share, step, flops, bandwidth
 
 
-def _read_profile(path: str) -> dict:
-    """The profile at `path` as a mapping, checked as `load_profile` checks it."""
-    import yaml
-
-    from disco_xla.simulator.profiles import profile_from_dict
-
-    try:
-        with open(path) as file:
-            data = yaml.safe_load(file)
-    except OSError as error:
-        raise DiscoInputError(path, f"cannot read it ({error.strerror})") from None
-    except yaml.YAMLError:
-        raise DiscoInputError(path, "not a valid YAML profile") from None
-    profile_from_dict(data, path)
-    return data
-
-
 def _check_add_to(args: argparse.Namespace, workers: int) -> None:
     """Before measuring: the profile to add to is readable, one-node, and not
     calibrated at this count as its own."""
-    data = _read_profile(args.add_to)
+    from disco_xla.simulator.profiles import profile_data
+
+    data = profile_data(args.add_to)
     if data["topology"].get("nodes") != 1:
         raise DiscoInputError(args.add_to, "figures by worker count need a one-node profile")
     if data["topology"].get("devices_per_node") == workers:
@@ -172,9 +157,9 @@ def _check_add_to(args: argparse.Namespace, workers: int) -> None:
 def _with_section(path: str, measured: dict, workers: int) -> dict:
     """The profile at `path` with `measured` (a whole calibrated profile) as its
     section for `workers` (`profiles.SECTION_KEYS`), replacing any there."""
-    from disco_xla.simulator.profiles import SECTION_KEYS, profile_from_dict
+    from disco_xla.simulator.profiles import SECTION_KEYS, profile_data, profile_from_dict
 
-    data = _read_profile(path)
+    data = profile_data(path)
     sections = dict(data.get("other_worker_counts") or {})
     sections[workers] = {key: measured[key] for key in SECTION_KEYS if key in measured}
     data["other_worker_counts"] = dict(sorted(sections.items()))

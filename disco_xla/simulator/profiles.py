@@ -215,6 +215,14 @@ def load_profile(name_or_path: str, workers: int | None = None) -> ClusterProfil
                 f"unknown cluster profile; choose from {', '.join(available_profiles())} "
                 "or give a path to a YAML file",
             )
+    profile = profile_from_dict(profile_data(path), str(path))
+    return profile.for_workers(workers) if workers else profile
+
+
+def profile_data(path: str | os.PathLike) -> dict:
+    """The YAML profile file at `path` as a plain mapping, checked as
+    `profile_from_dict` checks it."""
+    path = Path(path)
     if not path.is_file():
         raise DiscoInputError(str(path), "no such profile file")
     try:
@@ -222,8 +230,8 @@ def load_profile(name_or_path: str, workers: int | None = None) -> ClusterProfil
     except (OSError, yaml.YAMLError) as error:
         problem = " ".join(str(error).split())[:200]
         raise DiscoInputError(str(path), f"not a valid YAML profile ({problem})") from None
-    profile = profile_from_dict(data, str(path))
-    return profile.for_workers(workers) if workers else profile
+    profile_from_dict(data, str(path))
+    return data
 
 
 def profile_from_dict(data, source: str) -> ClusterProfile:
