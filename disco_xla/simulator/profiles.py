@@ -215,23 +215,28 @@ def load_profile(name_or_path: str, workers: int | None = None) -> ClusterProfil
                 f"unknown cluster profile; choose from {', '.join(available_profiles())} "
                 "or give a path to a YAML file",
             )
-    profile = profile_from_dict(profile_data(path), str(path))
+    profile = profile_from_dict(_yaml_file(path), str(path))
     return profile.for_workers(workers) if workers else profile
 
 
 def profile_data(path: str | os.PathLike) -> dict:
     """The YAML profile file at `path` as a plain mapping, checked as
     `profile_from_dict` checks it."""
-    path = Path(path)
+    data = _yaml_file(Path(path))
+    profile_from_dict(data, str(path))
+    return data
+
+
+def _yaml_file(path: Path):
+    """The parsed YAML at `path`, unchecked; a missing or unparsable file is a
+    one-line DiscoInputError."""
     if not path.is_file():
         raise DiscoInputError(str(path), "no such profile file")
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
         problem = " ".join(str(error).split())[:200]
         raise DiscoInputError(str(path), f"not a valid YAML profile ({problem})") from None
-    profile_from_dict(data, str(path))
-    return data
 
 
 def profile_from_dict(data, source: str) -> ClusterProfile:
