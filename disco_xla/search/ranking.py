@@ -9,6 +9,12 @@ plans' simulated and measured step times:
 - top-1 regret: the measured time of the plan the simulator ranks first, over
   the best measured time, less 1 (0 when the simulator's first choice is the
   fastest; 0.03 when it is 3% slower than the fastest).
+
+A third figure judges the simulator as the entry points use it (issue 16, item
+2): they measure the simulator's first k candidates and run the fastest. The
+top-k regret is the measured time of the fastest of the k plans the simulator
+ranks first, over the best measured time, less 1. It is the top-1 regret at
+k = 1 and 0 once k covers every plan.
 """
 
 from __future__ import annotations
@@ -42,3 +48,17 @@ def rank_fidelity(simulated_s: dict[str, float], measured_s: dict[str, float]) -
     fastest = min(labels, key=lambda label: (measured_s[label], label))
     regret = measured_s[choice] / measured_s[fastest] - 1.0
     return RankFidelity(tau, regret, choice, fastest, len(labels))
+
+
+def top_k_regret(simulated_s: dict[str, float], measured_s: dict[str, float], k: int) -> float:
+    """The measured time of the fastest of the `k` plans the simulator ranks
+    first, over the best measured time, less 1, over the plans in both mappings
+    (simulated ties go to the label that sorts first, as in `rank_fidelity`)."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, not {k}")
+    labels = sorted(set(simulated_s) & set(measured_s))
+    if not labels:
+        raise ValueError("no plan is both simulated and measured")
+    first = sorted(labels, key=lambda label: (simulated_s[label], label))[:k]
+    best = min(measured_s[label] for label in labels)
+    return min(measured_s[label] for label in first) / best - 1.0

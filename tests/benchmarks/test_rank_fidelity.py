@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from disco_xla.search.ranking import rank_fidelity
+from disco_xla.search.ranking import rank_fidelity, top_k_regret
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,6 +40,13 @@ def test_one_model_gets_eight_distinct_programs_and_its_ranking_figures():
     assert row["kendall_tau"] == pytest.approx(fidelity.kendall_tau)
     assert row["top1_regret"] == pytest.approx(fidelity.top1_regret) and row["top1_regret"] >= 0
     assert row["simulator_choice"] == fidelity.simulator_choice in plans
+    # Measuring the simulator's first k programs (the entry points' default k)
+    # leaves at most the top-1 regret (every program here has equal outputs).
+    simulated = {label: cell["simulated_s"] for label, cell in plans.items()}
+    measured = {label: cell["measured_s"] for label, cell in plans.items()}
+    assert row["measured_choice_k"] == 4
+    assert row["measured_choice_regret"] == pytest.approx(top_k_regret(simulated, measured, 4))
+    assert 0 <= row["measured_choice_regret"] <= row["top1_regret"]
     # Two independent passes: the measured time is their mean, and the first
     # pass ranked against the second gives the measurement's own figures.
     first, second = row["passes_s"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from disco_xla.search.ranking import rank_fidelity
+from disco_xla.search.ranking import rank_fidelity, top_k_regret
 
 
 def test_the_same_order_is_tau_one_and_no_regret():
@@ -44,3 +44,21 @@ def test_only_plans_both_simulated_and_measured_count():
     assert math.isnan(rank_fidelity({"a": 1.0}, {"a": 1.0}).kendall_tau)
     with pytest.raises(ValueError, match="no plan"):
         rank_fidelity({"a": 1.0}, {"b": 1.0})
+
+
+def test_top_k_regret_is_what_measuring_the_first_k_plans_leaves():
+    # The simulator's order is d, c, b, a; the fastest measured is a (1 s).
+    simulated = {"a": 4.0, "b": 3.0, "c": 2.0, "d": 1.0}
+    measured = {"a": 1.0, "b": 1.1, "c": 2.0, "d": 1.5}
+    assert top_k_regret(simulated, measured, 1) == pytest.approx(0.5)  # d alone
+    assert top_k_regret(simulated, measured, 1) == pytest.approx(
+        rank_fidelity(simulated, measured).top1_regret
+    )
+    assert top_k_regret(simulated, measured, 2) == pytest.approx(0.5)  # d, c: d is faster
+    assert top_k_regret(simulated, measured, 3) == pytest.approx(0.1)  # b joins
+    assert top_k_regret(simulated, measured, 4) == 0.0
+    assert top_k_regret(simulated, measured, 10) == 0.0
+    with pytest.raises(ValueError, match="at least 1"):
+        top_k_regret(simulated, measured, 0)
+    with pytest.raises(ValueError, match="no plan"):
+        top_k_regret({"a": 1.0}, {"b": 1.0}, 2)
