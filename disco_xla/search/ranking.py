@@ -36,15 +36,13 @@ def rank_fidelity(simulated_s: dict[str, float], measured_s: dict[str, float]) -
     the simulator's first place go to the label that sorts first."""
     from scipy.stats import kendalltau
 
-    labels = sorted(set(simulated_s) & set(measured_s))
-    if not labels:
-        raise ValueError("no plan is both simulated and measured")
+    labels = _shared_labels(simulated_s, measured_s)
     simulated = [simulated_s[label] for label in labels]
     measured = [measured_s[label] for label in labels]
     tau = float("nan")
     if len(labels) > 1:
         tau = float(kendalltau(simulated, measured).statistic)
-    choice = min(labels, key=lambda label: (simulated_s[label], label))
+    choice = _simulator_order(labels, simulated_s)[0]
     fastest = min(labels, key=lambda label: (measured_s[label], label))
     regret = measured_s[choice] / measured_s[fastest] - 1.0
     return RankFidelity(tau, regret, choice, fastest, len(labels))
@@ -56,9 +54,20 @@ def top_k_regret(simulated_s: dict[str, float], measured_s: dict[str, float], k:
     (simulated ties go to the label that sorts first, as in `rank_fidelity`)."""
     if k < 1:
         raise ValueError(f"k must be at least 1, not {k}")
+    labels = _shared_labels(simulated_s, measured_s)
+    first = _simulator_order(labels, simulated_s)[:k]
+    best = min(measured_s[label] for label in labels)
+    return min(measured_s[label] for label in first) / best - 1.0
+
+
+def _shared_labels(simulated_s: dict[str, float], measured_s: dict[str, float]) -> list[str]:
+    """The labels of the plans both simulated and measured, sorted."""
     labels = sorted(set(simulated_s) & set(measured_s))
     if not labels:
         raise ValueError("no plan is both simulated and measured")
-    first = sorted(labels, key=lambda label: (simulated_s[label], label))[:k]
-    best = min(measured_s[label] for label in labels)
-    return min(measured_s[label] for label in first) / best - 1.0
+    return labels
+
+
+def _simulator_order(labels: list[str], simulated_s: dict[str, float]) -> list[str]:
+    """`labels` by simulated time, ties to the label that sorts first."""
+    return sorted(labels, key=lambda label: (simulated_s[label], label))
