@@ -53,9 +53,11 @@ _START_TUPLES = frozenset({"all-gather-start", "collective-permute-start"})
 CallKey = tuple[str, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
-    """One fused kernel: its instructions and what the roofline needs of them."""
+    """One fused kernel: its instructions and what the roofline needs of them.
+    Frozen: the module's index hands one Kernel to every task graph that has
+    its group (`ModuleIndex.kernel`)."""
 
     name: str
     instructions: list[Instruction]
@@ -238,6 +240,7 @@ class ModuleIndex:
         self.by_name: dict[str, Instruction] = {i.name: i for i in module.instructions()}
         self._bytes: dict[int, int] = {}
         self._flops: dict[int, int] = {}
+        self._kernels: dict[tuple[tuple[str, ...], str], Kernel] = {}
         self.instances: dict[str, list[CallKey]] = {}
         self._parents: dict[tuple[str, CallKey], list[tuple[Instruction, CallKey]]] = {}
         self._enumerate_instances()
@@ -475,6 +478,16 @@ class ModuleIndex:
             found = self._flops[id(instr)] = instr.flops
         return found
 
+    def kernel(self, group: tuple[str, ...], label: str) -> Kernel:
+        """`kernel_for` the group's instructions, named `label`, built once: the
+        plans a search compares differ in a few groups, and building each
+        plan's kernels afresh was half of building its task graph."""
+        found = self._kernels.get((group, label))
+        if found is None:
+            members = [self.by_name[name] for name in group]
+            found = self._kernels[(group, label)] = kernel_for(members, label, self)
+        return found
+
     def through(self, atom: int) -> frozenset[int]:
         """The compute atoms an all-reduce atom's value waits for."""
         return self._through(atom, self.through_cache)
@@ -632,10 +645,10 @@ def build_task_graph(
     by_name = index.by_name
     for old in order:
         group, key = instances[old]
-        members = [by_name[n] for n in plan.fusion_groups[group]]
-        label = members[0].name + (f"@{key[-1]}" if key else "")
-        kernels.append(kernel_for(members, label, index))
-        kernel_runs.append(index.instance_runs(members[0], key))
+        names = tuple(plan.fusion_groups[group])
+        label = names[0] + (f"@{key[-1]}" if key else "")
+        kernels.append(index.kernel(names, label))
+        kernel_runs.append(index.instance_runs(by_name[names[0]], key))
     ordered_dependencies = [sorted(renumber[d] for d in dependencies[old]) for old in order]
     ordered_dependencies += [
         sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))

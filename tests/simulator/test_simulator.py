@@ -228,6 +228,31 @@ def test_roofline_is_the_slower_of_compute_and_memory_plus_launch(module):
     )
 
 
+def test_plans_that_share_a_group_share_its_kernel_and_the_others_are_their_own():
+    from disco_xla.simulator.kernels import kernel_for
+
+    step = module_from_text(TWO_GRADIENTS)
+    unfused = Plan.unfused(step)
+    fused = dataclasses.replace(
+        unfused,
+        fusion_groups=(("forward", "grad1"), ("grad2",), ("update1",), ("update2",)),
+    )
+    verify_plan(fused, step)
+    by_name = {i.name: i for i in step.instructions()}
+    first = build_task_graph(step, fused)
+    second = build_task_graph(step, unfused)
+    for graph in (first, second):
+        for kernel in graph.kernels:
+            members = [by_name[i.name] for i in kernel.instructions]
+            assert kernel == kernel_for(members, kernel.name)
+    assert [k.name for k in second.kernels] == ["forward", "grad1", "grad2", "update1", "update2"]
+    fused_in = {k.name: k for k in first.kernels}
+    # Both plans name a kernel "forward"; only the fused one holds grad1.
+    assert (fused_in["forward"].flops, fused_in["forward"].bytes) == (2048, 4 * 4096)
+    assert (second.kernels[0].flops, second.kernels[0].bytes) == (1024, 2 * 4096)
+    assert next(k for k in second.kernels if k.name == "grad2") is fused_in["grad2"]
+
+
 def test_trace_and_gantt_chart_are_written(module, tmp_path):
     profile = load_profile("v100-2x8-25g")
     result = simulate(
