@@ -82,7 +82,7 @@ class Instruction:
         "opcode",
         "id",
         "computation",
-        "shape",
+        "_shape",
         "operands",
         "users",
         "control_predecessors",
@@ -95,11 +95,20 @@ class Instruction:
         self.opcode: str = proto.opcode
         self.id: int = proto.id
         self.computation = computation
-        self.shape: Shape = shape_from_proto(proto.shape)
+        self._shape: Shape | None = None
         self.operands: list[Instruction] = []
         self.users: list[Instruction] = []
         self.control_predecessors: list[Instruction] = []
         self.called_computations: list[Computation] = []
+
+    @property
+    def shape(self) -> Shape:
+        """The result's shape, converted from the proto when first read: most
+        views (a module's copy before a pass rebuilds it, a compiled module
+        searched for its all-reduces) never read most of their shapes."""
+        if self._shape is None:
+            self._shape = shape_from_proto(self.proto.shape)
+        return self._shape
 
     @property
     def op_name(self) -> str:
