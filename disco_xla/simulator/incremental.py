@@ -52,7 +52,6 @@ from disco_xla.simulator.kernels import (
     ModuleIndex,
     TaskGraph,
     build_task_graph,
-    kernel_for,
     kernel_order,
     module_index,
     tuple_element_sizes,
@@ -115,7 +114,7 @@ class GroupCosts:
     def durations(self, groups: list[tuple[str, ...]]) -> list[int]:
         missing = list(dict.fromkeys(g for g in groups if g not in self.cache))
         if missing:
-            kernels = [kernel_for([self.by_name[n] for n in g], None, self.index) for g in missing]
+            kernels = [self.index.kernel(g, g[0]) for g in missing]
             seconds = self.cost_model.kernels_s(TaskGraph(kernels, [], [], []))
             scale = self.kernel_time_scale
             for group, value in zip(missing, seconds, strict=True):
