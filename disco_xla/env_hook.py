@@ -22,6 +22,7 @@ disco-xla.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shlex
 import sys
@@ -38,6 +39,7 @@ class HookFlags(OptimizeSettings):
     """The search settings the flags give, and whether the hook is on."""
 
     enable: bool = False
+    report: str | None = None  # where to write what each wrapped step ran, at exit
 
     def settings(self) -> OptimizeSettings:
         """The settings alone (`enable` is not part of what decides a plan)."""
@@ -85,6 +87,13 @@ def _flag_values():
         "the search's best plans timed on the first call",
         flag_values=values,
     )
+    flags.DEFINE_string(
+        "disco_report",
+        None,
+        "at exit, write each optimised step's status and measurements to this JSON file "
+        "(rank r > 0 of a multi-process job writes FILE.r)",
+        flag_values=values,
+    )
     flags.DEFINE_float(
         "disco_measure_budget_s",
         DEFAULTS.measure_budget_s,
@@ -119,6 +128,7 @@ def parse_flags(text: str) -> HookFlags:
             raise ValueError(f"--disco_{name} must be positive")
     return HookFlags(
         enable=values.disco_enable,
+        report=values.disco_report,
         cluster=values.disco_cluster,
         budget_s=values.disco_budget_s,
         max_evaluations=values.disco_max_evaluations,
@@ -164,6 +174,9 @@ def _replace_jax_transforms(hook_flags: HookFlags) -> None:
     from disco_xla.jax_api import wrap
 
     settings = hook_flags.settings()
+    wrapped: list = []
+    if hook_flags.report:
+        atexit.register(_write_report, hook_flags.report, wrapped)
 
     def replacement(transform: str, original):
         @functools.wraps(original)
@@ -175,13 +188,40 @@ def _replace_jax_transforms(hook_flags: HookFlags) -> None:
                 positional = positional[1:]
             if positional:
                 return original(fun, *positional, **kwargs)  # a form we do not know
-            return wrap(fun, settings, transform, kwargs)
+            function = wrap(fun, settings, transform, kwargs)
+            if hook_flags.report:
+                wrapped.append(function)
+            return function
 
         transformed.__disco_xla_original__ = original
         return transformed
 
     jax.jit = replacement("jit", jax.jit)
     jax.pmap = replacement("pmap", jax.pmap)
+
+
+def _write_report(path: str, wrapped: list) -> None:
+    """Write what each wrapped step that was called ran: its name, `status()`,
+    `measurements()` and plans, as JSON."""
+    import json
+
+    import jax
+
+    if not wrapped:  # nothing was optimised here (the launcher of a multi-process job)
+        return
+    steps = [
+        {
+            "name": function.__name__,
+            "status": function.status(),
+            "measurements": function.measurements(),
+            "plans": [json.loads(plan.to_json()) for plan in function.plans()],
+        }
+        for function in wrapped
+        if function.status()
+    ]
+    rank = jax.process_index()
+    with open(path if rank == 0 else f"{path}.{rank}", "w") as report:
+        json.dump({"steps": steps}, report, indent=1)
 
 
 def startup() -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from disco_xla.settings import DEFAULTS, OptimizeSettings
@@ -59,6 +60,7 @@ class _Compiled:
     status: str  # 'optimized', 'not data-parallel', or 'original: <reason>'
     run: Callable | None = None  # the rewritten program, when status is 'optimized'
     kept: list[int] = field(default_factory=list)
+    delete_after: list[int] = field(default_factory=list)  # donated leaves `run` leaves alive
     out_tree: Any = None
     plan: Any = None
     timing: tuple[float, float] | None = None  # (original, rewritten) median seconds per step
@@ -83,18 +85,35 @@ class OptimizedFunction(WrappedStep):
             return self._original(*args, **kwargs)  # inside an outer transformation
         compiled = self._by_signature.get(signature)
         if compiled is None:
-            compiled, result = self._first_call(args, kwargs, leaves)
+            call = _CallArguments(self, args, kwargs, leaves, signature[0])
+            compiled, result = self._first_call(call)
             self._by_signature[signature] = compiled
             return result
         if compiled.run is None:
             return self._original(*args, **kwargs)
         try:
             outputs = compiled.run([leaves[i] for i in compiled.kept])
+            for i in compiled.delete_after:
+                leaves[i].delete()
         except Exception as error:  # noqa: BLE001 - never break training
-            compiled.run, compiled.status = None, f"original: the rewritten program failed: {error}"
+            compiled.run = None
+            compiled.status = f"original: the rewritten program failed: {one_line(error)}"
             _warn(self, compiled.status)
+            if any(_deleted(leaf) for leaf in leaves):
+                raise  # it took the donated arguments: nothing is left to run on
             return self._original(*args, **kwargs)
         return jax.tree_util.tree_unflatten(compiled.out_tree, outputs)
+
+    def _with_leaves(self, args: tuple, kwargs: dict, tree, leaves: list) -> tuple[tuple, dict]:
+        """`args` and `kwargs` with their array leaves replaced by `leaves`
+        (static arguments kept as they are)."""
+        dynamic_args, dynamic_kwargs = jax.tree_util.tree_unflatten(tree, leaves)
+        dynamic = iter(dynamic_args)
+        rebuilt = tuple(
+            args[i] if i in self._static_positions else next(dynamic) for i in range(len(args))
+        )
+        static_kwargs = {k: v for k, v in kwargs.items() if k in self._static_names}
+        return rebuilt, {**dynamic_kwargs, **static_kwargs}
 
     def _signature(self, args: tuple, kwargs: dict):
         dynamic_args = tuple(a for i, a in enumerate(args) if i not in self._static_positions)
@@ -104,24 +123,23 @@ class OptimizedFunction(WrappedStep):
             sorted((k, v) for k, v in kwargs.items() if k in self._static_names)
         )
         keys = tuple(
-            (
-                type(leaf).__name__,
-                np.shape(leaf),
-                str(getattr(leaf, "dtype", "")),
-                getattr(leaf, "sharding", None),
-            )
+            (type(leaf).__name__, np.shape(leaf), str(getattr(leaf, "dtype", "")), _layout(leaf))
             for leaf in leaves
         )
         signature = (tree, keys, static)
         hash(signature)
         return leaves, signature
 
-    def _first_call(self, args, kwargs, leaves) -> tuple[_Compiled, Any]:
+    def _first_call(self, call: _CallArguments) -> tuple[_Compiled, Any]:
+        """What a new signature runs, and the result of its first call. Any
+        failure before the original has run returns the original's result with
+        one warning; the trial itself (`_optimize`) never reads an argument the
+        original has consumed."""
         from disco_xla.capture import lowered_module
         from disco_xla.planning import has_cross_device_all_reduces, prepared
 
         try:
-            lowered = self._original.lower(*args, **kwargs)
+            lowered = self._original.lower(*call.args, **call.kwargs)
             # A jit with sharded arguments: after SPMD partitioning, where its
             # gradient all-reduces are.
             module = lowered_module(lowered, f"<jax:{self.__name__}>")
@@ -131,12 +149,22 @@ class OptimizedFunction(WrappedStep):
         except Exception as error:  # noqa: BLE001
             compiled = _Compiled(f"original: could not capture the step: {one_line(error)}")
             _warn(self, compiled.status)
-            return compiled, self._original(*args, **kwargs)
+            return compiled, call.original()
         if not data_parallel:
-            return _Compiled("not data-parallel"), self._original(*args, **kwargs)
-        return self._optimize(module, lowered, args, kwargs, leaves)
+            return _Compiled("not data-parallel"), call.original()
+        try:
+            compiled, result = self._optimize(module, lowered, call)
+        except Exception as error:  # noqa: BLE001 - never break training
+            compiled, result = _Compiled(f"original: {one_line(error)}"), call.result
+            _warn(self, compiled.status)
+            if result is None:  # the original has not run yet
+                result = call.original()
+        finally:
+            call.release()
+        compiled.status += _donation_note(call)
+        return compiled, result
 
-    def _optimize(self, module, lowered, args, kwargs, leaves) -> tuple[_Compiled, Any]:
+    def _optimize(self, module, lowered, call: _CallArguments) -> tuple[_Compiled, Any]:
         """Find the plan and its candidates, then run the first call's trial
         (`_Trial`): build every candidate program, keep those all ranks agree
         compute the same as the original (or, when none does, the same as the
@@ -152,40 +180,37 @@ class OptimizedFunction(WrappedStep):
         wait_s = settings.budget_s + settings.measure_budget_s + 600.0
         _agree_on_module(self.__name__, module, step, wait_s)
         compiled, problem, executable = _Compiled("original"), "", None
-        try:  # rank 0's plan: on failure, every rank raises here
-            choice = _shared_choice(module, settings, step, wait_s)
-        except Exception as error:  # noqa: BLE001 - never break training
-            compiled.status = f"original: {one_line(error)}"
-            _warn(self, compiled.status)
-            return compiled, self._original(*args, **kwargs)
+        # rank 0's plan: on failure, every rank raises here
+        choice = _shared_choice(module, settings, step, wait_s)
         compiled.plan = choice.plan
         try:  # this rank's own work: it goes on in step with the others if it fails
             executable = lowered.compile()
             compiled.kept = kept_arguments(lowered)
             compiled.out_tree = lowered.out_tree
-            if len(leaves) != len(jax.tree_util.tree_leaves(lowered.in_avals)):
+            if len(call.leaves) != len(jax.tree_util.tree_leaves(lowered.in_avals)):
                 raise RuntimeError("the arguments do not match the lowered step")
         except Exception as error:  # noqa: BLE001 - never break training
             executable, problem = None, one_line(error)
-        trial = _Trial(self, module, lowered, compiled, leaves, step, wait_s, problem)
+        trial = _Trial(self, module, lowered, compiled, call, step, wait_s, problem)
         trial.simulated_s = dict(choice.candidates.simulated_s)
         measuring = settings.check_speed
         order = candidate_order(choice, measuring)
         from_cache = cached_label(choice, order)
-        equal, result = trial.first_agreeing(order, executable, measuring, args, kwargs)
+        equal, result = trial.first_agreeing(order, executable, measuring)
         if not equal:
             compiled = self._original_after(compiled, trial)
             _mark_cached(compiled.candidates, from_cache)
             return compiled, result
         chosen = equal[0]
-        if measuring and not any(_deleted(leaf) for leaf in leaves):
-            chosen = trial.fastest(equal, args, kwargs)
+        if measuring:
+            chosen = trial.fastest(equal)
             _remember(choice, settings, trial, chosen)
         if chosen == "original":
             compiled.status = trial.original_status(equal)
         else:
             compiled.status = trial.status_of(chosen)
             compiled.run = trial.programs[chosen]
+            compiled.delete_after = trial.left_to_delete(chosen)
             compiled.plan = trial.plans[chosen][0]
         compiled.candidates = trial.report(chosen)
         _mark_cached(compiled.candidates, from_cache)
@@ -200,7 +225,8 @@ class OptimizedFunction(WrappedStep):
 
 
 def _agree_on_module(name: str, module, step: int, wait_s: float) -> None:
-    """Raise AgreementError on every rank unless all captured the same module."""
+    """Raise AgreementError on every rank unless all captured the same module
+    (every rank then runs the original, as the script wrote it)."""
     from disco_xla.runtime.agreement import AgreementError, gather
 
     fingerprints = gather(f"step{step}/module", module.fingerprint, wait_s)
@@ -249,8 +275,90 @@ def _timing_rounds(round_s: float, budget_s: float) -> int:
     return max(2, min(wanted, int(budget_s / max(round_s, 1e-9))))
 
 
+def _layout(leaf) -> Any:
+    """How a leaf is laid out over devices, as a hashable key: two shardings that
+    place the same shards on the same devices (a pmap's output and its input,
+    whose meshes name their axes differently, say) give the same key, so they
+    share one first call."""
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is None:
+        return None
+    try:
+        return (
+            str(sharding._to_xla_hlo_sharding(len(np.shape(leaf)))),
+            tuple(device.id for device in sharding._device_assignment),
+            sharding.memory_kind,
+        )
+    except Exception:  # noqa: BLE001 - a sharding of a kind we do not know: as it is
+        return sharding
+
+
 def _deleted(leaf) -> bool:
     return getattr(leaf, "is_deleted", lambda: False)()
+
+
+def _donation_note(call: _CallArguments) -> str:
+    """'; donates args[0], opt_state' for a step whose original consumed those
+    arguments on the first call (each named by its position or keyword, as the
+    user passes it), else ''."""
+    if not any(call.donated):
+        return ""
+    args, kwargs = jax.tree_util.tree_unflatten(call.tree, call.donated)
+    names = [f"args[{i}]" for i, part in enumerate(args) if any(jax.tree_util.tree_leaves(part))]
+    names += [name for name, part in kwargs.items() if any(jax.tree_util.tree_leaves(part))]
+    return f"; donates {', '.join(names)}"
+
+
+def _fresh_copy(leaf):
+    """A copy of a device array in its own buffers, laid out and committed to
+    its devices as the original (JAX refuses a committed array on other
+    devices than a step's)."""
+    if not isinstance(leaf, jax.Array):
+        return leaf  # a host value: a step cannot consume it
+    return jnp.array(leaf, copy=True)
+
+
+class _CallArguments:
+    """The arguments of a first call. The step may donate some of them: JAX
+    deletes a donated array when the call is made (and `args_info` does not
+    always say which: a pmap's counts `donate_argnums` as leaf positions). So
+    every run of the trial but one takes fresh copies of the arguments, copied
+    from one set saved before anything runs, and the original runs once on the
+    user's own arguments (`original`), giving the result the user gets; the
+    arguments it deleted are the donated ones."""
+
+    def __init__(self, function: OptimizedFunction, args: tuple, kwargs: dict, leaves, tree):
+        self.function, self.args, self.kwargs = function, args, kwargs
+        self.leaves, self.tree = list(leaves), tree
+        self.donated = [False] * len(self.leaves)  # known once the original has run
+        self.result: Any = None  # the original's result, once it has run
+        self._saved: list | None = None
+
+    def _save(self) -> list:
+        if self._saved is None:
+            self._saved = [_fresh_copy(leaf) for leaf in self.leaves]
+        return self._saved
+
+    def fresh_leaves(self) -> list:
+        """Every argument leaf as a new copy (a program may consume it)."""
+        return [_fresh_copy(leaf) for leaf in self._save()]
+
+    def original(self) -> Any:
+        """Run the original step on the user's own arguments (which it may
+        consume), once, and keep its result and what it donated."""
+        self._save()
+        self.result = self.function._original(*self.args, **self.kwargs)
+        self.donated = [_deleted(leaf) for leaf in self.leaves]
+        return self.result
+
+    def original_on(self, leaves: list) -> Any:
+        """Run the original on `leaves` (e.g. `fresh_leaves()`)."""
+        args, kwargs = self.function._with_leaves(self.args, self.kwargs, self.tree, leaves)
+        return self.function._original(*args, **kwargs)
+
+    def release(self) -> None:
+        """Drop the saved copies (the trial is over)."""
+        self._saved = None
 
 
 class _Trial:
@@ -258,14 +366,14 @@ class _Trial:
     in step on every rank (a program with collectives runs on all ranks or on
     none)."""
 
-    def __init__(self, function, module, lowered, compiled, leaves, step, wait_s, problem):
+    def __init__(self, function, module, lowered, compiled, call, step, wait_s, problem):
         self.function, self.module, self.lowered, self.compiled = (
             function,
             module,
             lowered,
             compiled,
         )
-        self.leaves, self.step, self.wait_s = leaves, step, wait_s
+        self.call, self.step, self.wait_s = call, step, wait_s
         self.plans: dict[str, tuple[Any, bool]] = {}  # label -> (plan, fusion), as built
         self.fingerprints: dict[str, str] = {}  # label -> its rewritten module's fingerprint
         self.simulated_s: dict[str, float] = {}
@@ -275,12 +383,12 @@ class _Trial:
         self.verdicts: dict[str, bool] = {}
         self.same_as: dict[str, str] = {}
         self.measured_s: dict[str, float] = {}
+        self.peak_bytes: dict[str, int] = {}  # label -> XLA's peak buffer bytes per device
+        self.deleted_by: dict[str, set[int]] = {}  # label -> the argument leaves it consumed
         self.against = "original"
         self.problems: list[str] = [problem] if problem else []
 
-    def first_agreeing(
-        self, order: dict, executable, all_at_once: bool, args, kwargs
-    ) -> tuple[list[str], Any]:
+    def first_agreeing(self, order: dict, executable, all_at_once: bool) -> tuple[list[str], Any]:
         """The labels of `order` whose programs every rank finds equal to the
         original (else to the reference), in order, and the original's result.
         With `all_at_once` every candidate is built and judged; otherwise one
@@ -290,7 +398,7 @@ class _Trial:
         for number, batch in enumerate(batches):
             self.build_and_run(batch, executable)
             if number == 0:
-                result = self.function._original(*args, **kwargs)  # may donate: after ours
+                result = self.call.original()  # on the user's arguments: after ours
                 self.original_result = result
             equal = self._agreeing(list(batch), result)
             if equal:
@@ -326,9 +434,14 @@ class _Trial:
             if label not in everywhere:
                 continue
             try:
-                arguments = [self.leaves[i] for i in self.compiled.kept]
-                self.outputs[label] = built[label](arguments)
+                fresh = self.call.fresh_leaves()
+                # Waited for: in-process collectives dispatched back to back can
+                # deadlock on a few cores (README).
+                self.outputs[label] = jax.block_until_ready(
+                    built[label]([fresh[i] for i in self.compiled.kept])
+                )
                 self.programs[label] = built[label]
+                self.deleted_by[label] = {i for i, leaf in enumerate(fresh) if _deleted(leaf)}
             except Exception as error:  # noqa: BLE001
                 self.problems.append(f"{label} failed: {one_line(error)}")
 
@@ -337,7 +450,12 @@ class _Trial:
         to the same program as a candidate built before it."""
         from disco_xla.planning import rewrite
         from disco_xla.runtime.apply import NO_COMBINER, check_all_reduces
-        from disco_xla.runtime.jax_program import standing_in_for
+        from disco_xla.runtime.jax_program import (
+            check_donation,
+            peak_bytes,
+            standing_in_for,
+            with_aliases_of,
+        )
 
         target = self.module if plan is None else rewrite(self.module, plan, fusion, check=False)
         if plan is not None:
@@ -345,7 +463,12 @@ class _Trial:
                 if fingerprint == target.fingerprint:
                     self.same_as[label] = other
                     return None
-        program = standing_in_for(target, self.lowered, executable, NO_COMBINER)
+        aliased = with_aliases_of(target, executable)
+        program = standing_in_for(aliased, self.lowered, executable, NO_COMBINER)
+        original_stats, stats = executable.memory_analysis(), program.memory_stats()
+        check_donation(original_stats, stats)
+        self.peak_bytes.setdefault("original", peak_bytes(original_stats))
+        self.peak_bytes[label] = peak_bytes(stats)
         if plan is not None:
             check_all_reduces(self.module, plan, program.compiled_module())
             self.fingerprints[label] = target.fingerprint
@@ -354,6 +477,9 @@ class _Trial:
 
     def _judge(self, label: str, against) -> bool:
         if label not in self.outputs:
+            return False
+        if self.deleted_by[label] - self.donated():
+            self.problems.append(f"{label}: it consumes arguments that the original keeps")
             return False
         expected = self.outputs.get(against) if isinstance(against, str) else against
         if expected is None:
@@ -383,7 +509,17 @@ class _Trial:
                 self.verdicts[label] = ok
         return [label for label, ok in zip(labels, agreed, strict=True) if ok]
 
-    def fastest(self, labels: list[str], args, kwargs) -> str:
+    def donated(self) -> set[int]:
+        """The argument leaves the original consumed."""
+        return {i for i, donated in enumerate(self.call.donated) if donated}
+
+    def left_to_delete(self, label: str) -> list[int]:
+        """The argument leaves the original consumes and `label`'s program does
+        not (a donated argument XLA could not alias): deleted after each run,
+        so the user's loop sees JAX's own behaviour."""
+        return sorted(self.donated() - self.deleted_by.get(label, set()))
+
+    def fastest(self, labels: list[str]) -> str:
         """Time the original and the `labels`' programs, called as the user
         calls them, in rotating rounds (as many as `TIMING_ROUNDS` and rank 0's
         estimate of the measuring budget allow; averaged over the ranks, so all
@@ -391,15 +527,16 @@ class _Trial:
         strictly faster than the original (`slower_status`)."""
         from disco_xla.runtime.agreement import broadcast, gather
 
-        original = self.function._original
-        arguments = [self.leaves[i] for i in self.compiled.kept]
-        calls = {"original": lambda: jax.block_until_ready(original(*args, **kwargs))}
+        kept, on_copies = self.compiled.kept, self.call.fresh_leaves
+        calls = {"original": lambda leaves: jax.block_until_ready(self.call.original_on(leaves))}
         for label in labels:
             program = self.programs[label]
-            calls[label] = lambda program=program: jax.block_until_ready(program(arguments))
+            calls[label] = lambda leaves, program=program: jax.block_until_ready(
+                program([leaves[i] for i in kept])
+            )
         started = time.perf_counter()
-        for call in calls.values():
-            call()  # untimed: what the first runs set up is not measured
+        for run in calls.values():
+            run(on_copies())  # untimed: what the first runs set up is not measured
         round_s = time.perf_counter() - started
         budget_s = self.function._settings.measure_budget_s
         rounds = int(
@@ -409,7 +546,7 @@ class _Trial:
                 self.wait_s,
             )
         )
-        local = rotating_median_seconds(calls, rounds)
+        local = rotating_median_seconds(calls, rounds, prepare=on_copies)
         answers = gather(f"step{self.step}/timing", json.dumps(local), self.wait_s)
         every = [json.loads(answer) for answer in answers]
         self.measured_s = {label: sum(a[label] for a in every) / len(every) for label in calls}
@@ -457,6 +594,8 @@ class _Trial:
                 entry["equal"] = self.verdicts[label]
             if label in self.measured_s:
                 entry["measured_s"] = self.measured_s[label]
+            if label in self.peak_bytes:
+                entry["peak_bytes"] = self.peak_bytes[label]
             entry["chosen"] = label == chosen
             entries[label] = entry
         original = entries.setdefault("original", {})
@@ -464,6 +603,8 @@ class _Trial:
             original["simulated_s"] = self.simulated_s["original"]
         if "original" in self.measured_s:
             original["measured_s"] = self.measured_s["original"]
+        if "original" in self.peak_bytes:
+            original["peak_bytes"] = self.peak_bytes["original"]
         original["chosen"] = chosen == "original"
         return entries
 

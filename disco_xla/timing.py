@@ -40,20 +40,25 @@ def paired_median_seconds(
 
 
 def rotating_median_seconds(
-    calls: dict[str, Callable[[], object]], rounds: int
+    calls: dict[str, Callable[..., object]],
+    rounds: int,
+    prepare: Callable[[], object] | None = None,
 ) -> dict[str, float]:
     """Median wall time of each program over `rounds` rounds. Every round runs
     each program once, back to back, and the order rotates by one place a round
     (round r starts with the r-th program), so that each program runs in every
     position and a noisy machine slows all of them alike. Each callable must
-    return only once its results are ready."""
+    return only once its results are ready. With `prepare`, each call is given
+    what `prepare()` returns, made untimed just before it (fresh copies of
+    arguments that a call consumes, for example)."""
     labels = list(calls)
     seconds: dict[str, list[float]] = {label: [] for label in labels}
     for round_index in range(rounds):
         shift = round_index % len(labels)
         for label in labels[shift:] + labels[:shift]:
+            given = () if prepare is None else (prepare(),)
             started = time.perf_counter()
-            calls[label]()
+            calls[label](*given)
             seconds[label].append(time.perf_counter() - started)
     return {label: statistics.median(times) for label, times in seconds.items()}
 

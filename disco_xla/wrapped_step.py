@@ -48,8 +48,11 @@ class WrappedStep:
         what the first call found of it: 'simulated_s' (the simulator's step
         time, where the search gave one), 'equal' (its outputs against the
         original's), 'measured_s' (its median step time, timed beside the
-        original's, which is under 'original'), or 'same_as' (the label of the
-        same program) or 'error'; and 'chosen' under the label it runs. A label
+        original's, which is under 'original'), 'peak_bytes' (XLA's count of the
+        most buffer bytes the compiled program holds on one device: arguments,
+        results and temporaries, less what donated arguments' buffers are
+        reused for), or 'same_as' (the label of the same program) or 'error';
+        and 'chosen' under the label it runs. A label
         tried (or, for 'original', run) only because an earlier measured run
         on this machine chose it, as the plan cache recorded, has 'from_cache'."""
         return [dict(getattr(r, "candidates", {})) for r in self._by_signature.values()]

@@ -31,6 +31,9 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         # the runners clear it to run a step repeatedly on the same arguments.
         ("input_output_alias", 8, "bytes", False),
         ("device_assignment", 15, "DeviceAssignmentProto", False),
+        # An HloBufferDonorProto, kept serialised: the parameters a multi-process
+        # JAX step donates without naming the output that reuses them.
+        ("buffer_donor", 18, "bytes", False),
     ],
     "HloComputationProto": [
         ("name", 1, "string", False),

@@ -24,6 +24,10 @@ class ShardingMismatch(RuntimeError):
     """The rewritten executable lays out an argument or result differently."""
 
 
+class DonationMismatch(RuntimeError):
+    """The rewritten executable does not reuse the buffers the original reuses."""
+
+
 class RewrittenStep:
     """`module` compiled to stand in for an original step whose (kept) arguments
     have `in_shardings`/`in_avals` and whose results have `out_shardings`/`out_avals`."""
@@ -85,6 +89,11 @@ class RewrittenStep:
         data = self._executable.hlo_modules()[0].as_serialized_hlo_module_proto()
         return HloModule.from_bytes(data, "<compiled>")
 
+    def memory_stats(self):
+        """XLA's memory figures of the compiled program, per device (the same
+        type as `jax.stages.Compiled.memory_analysis()`)."""
+        return self._executable.get_compiled_memory_stats()
+
     def __call__(self, arguments: Sequence) -> list[jax.Array]:
         if len(arguments) != len(self._in_shardings):
             raise TypeError(
@@ -102,6 +111,23 @@ def kept_arguments(lowered) -> list[int]:
     return sorted(lowered._lowering.compile_args["kept_var_idx"])
 
 
+def with_aliases_of(module: HloModule, executable) -> HloModule:
+    """`module` (a rewrite of a step's module) with the input/output aliases
+    that XLA gave the step's own compile, `executable`: the same arguments'
+    buffers reused for the same results. A multi-process step names only its
+    donated parameters (`buffer_donor`), which XLA's compile resolves into
+    aliases and the HLO-to-StableHLO import drops; the rewritten module has the
+    step's parameters and results, so it takes the resolved aliases instead."""
+    compiled = executable.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
+    aliases = type(module.proto).FromString(compiled).input_output_alias
+    if aliases == module.proto.input_output_alias and not module.proto.buffer_donor:
+        return module
+    proto = type(module.proto).FromString(module.to_bytes())
+    proto.input_output_alias = aliases
+    proto.ClearField("buffer_donor")
+    return HloModule(proto, module.source, module.file_format)
+
+
 def standing_in_for(
     module: HloModule, lowered, executable, disabled_passes: Sequence[str] = ()
 ) -> RewrittenStep:
@@ -116,6 +142,34 @@ def standing_in_for(
         jax.tree_util.tree_leaves(lowered.out_info),
         disabled_passes,
     )
+
+
+def peak_bytes(stats) -> int:
+    """The most memory a program's buffers take on one device, as XLA accounts
+    it: arguments, results and temporaries, less the results that reuse a
+    donated argument's buffer."""
+    return (
+        stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+        + stats.temp_size_in_bytes
+        - stats.alias_size_in_bytes
+    )
+
+
+DONATION_TOLERANCE = 0.02  # of the original's peak: donated bytes a rewrite may fail to reuse
+
+
+def check_donation(original_stats, rewritten_stats) -> None:
+    """Raise DonationMismatch when the rewritten program reuses fewer bytes of
+    donated arguments' buffers for its results than the original does, by more
+    than DONATION_TOLERANCE of the original's peak (`peak_bytes`): it would hold
+    the donated state twice where the original holds it once."""
+    missing = original_stats.alias_size_in_bytes - rewritten_stats.alias_size_in_bytes
+    if missing > DONATION_TOLERANCE * peak_bytes(original_stats):
+        raise DonationMismatch(
+            f"the rewritten program reuses {rewritten_stats.alias_size_in_bytes} bytes of "
+            f"donated arguments, the original {original_stats.alias_size_in_bytes}"
+        )
 
 
 def _parameter_shapes(module: HloModule) -> list[tuple[int, ...]]:

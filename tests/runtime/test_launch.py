@@ -1,6 +1,6 @@
 """`disco-xla launch`: 2 jax.distributed processes on loopback agree on one plan,
-train like a single process, refuse to run different modules, and a failing rank
-stops the job instead of hanging it."""
+train like a single process, run the original where they captured different
+modules, and a failing rank stops the job instead of hanging it."""
 
 from __future__ import annotations
 
@@ -156,14 +156,21 @@ def test_two_ranks_time_the_candidates_of_a_sharded_jit_step_and_agree_on_one(tm
         np.testing.assert_allclose(rank["w"], _reference_weights(), rtol=1e-5, atol=1e-6)
 
 
-def test_ranks_with_different_modules_stop_with_a_clear_error(tmp_path):
+def test_ranks_with_different_modules_run_the_original_with_one_warning(tmp_path):
+    """Rank 1 steps with another learning rate, so the ranks capture different
+    modules: no plan can serve both, and each runs the step as written."""
     script = tmp_path / "step.py"
     script.write_text(textwrap.dedent(_STEP))
     result = run_cli(
         "launch", "-n", "2", "--timeout-s", "240", str(script), str(tmp_path), "0.5", timeout_s=300
     )
-    assert result.returncode != 0
-    assert "AgreementError" in result.stdout and "different modules" in result.stdout
+    assert result.returncode == 0, result.stdout[-3000:]
+    for rank in (0, 1):
+        lines = [line for line in result.stdout.splitlines() if line.startswith(f"[{rank}]")]
+        assert sum("DiscoFallbackWarning" in line for line in lines) == 1, lines
+        (report,) = [json.loads(line.split("RESULT ", 1)[1]) for line in lines if "RESULT" in line]
+        (status,) = report["status"]
+        assert status.startswith("original: ") and "different modules" in status, status
 
 
 def test_a_failing_rank_stops_the_others(tmp_path):

@@ -1,0 +1,149 @@
+"""`disco_xla.jit` on steps that donate their state, as training loops do: the
+first call never reads a donated buffer, the rewritten program consumes what
+JAX's consumes, and every failure on our side, before or after the original
+has consumed its arguments, runs the original with one warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import disco_xla
+from disco_xla.jax_api import DiscoFallbackWarning
+
+SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False}
+
+
+def _update(params, batch):
+    inputs, targets = batch
+
+    def loss(params):
+        hidden = jnp.tanh(inputs @ params["w1"] + params["b1"])
+        return jnp.mean((hidden @ params["w2"] - targets) ** 2)
+
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def _state(mesh):
+    rng = np.random.default_rng(0)
+    params = {
+        "w1": rng.standard_normal((8, 16), np.float32) * 0.3,
+        "b1": np.zeros((16,), np.float32),
+        "w2": rng.standard_normal((16, 2), np.float32) * 0.3,
+    }
+    batches = [
+        (rng.standard_normal((4, 8), np.float32), rng.standard_normal((4, 2), np.float32))
+        for _ in range(4)
+    ]
+    return jax.device_put(params, NamedSharding(mesh, P())), [
+        jax.device_put(batch, NamedSharding(mesh, P("d"))) for batch in batches
+    ]
+
+
+def _train(step, mesh) -> tuple[dict, list[bool]]:
+    """Train on four batches; the final params, and whether each call consumed
+    the params it was given."""
+    params, batches = _state(mesh)
+    consumed = []
+    for batch in batches:
+        given = params
+        params = jax.block_until_ready(step(params, batch))
+        consumed.append(all(leaf.is_deleted() for leaf in jax.tree.leaves(given)))
+    return jax.tree.map(np.asarray, params), consumed
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((2,), ("d",))
+
+
+@pytest.fixture(scope="module")
+def plain(mesh):
+    return _train(jax.jit(_update, donate_argnums=0), mesh)
+
+
+def _assert_same(expected: dict, got: dict) -> None:
+    for name in expected:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_donating_step_runs_rewritten_and_consumes_what_jax_consumes(mesh, plain, tmp_path):
+    optimized = disco_xla.jit(_update, donate_argnums=0, cache_dir=str(tmp_path), **SEARCH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiscoFallbackWarning)
+        params, consumed = _train(optimized, mesh)
+    _assert_same(plain[0], params)
+    assert consumed == plain[1] == [True] * 4
+    (status,) = optimized.status()
+    assert status.startswith("optimized") and status.endswith("; donates args[0]"), status
+    (report,) = optimized.measurements()
+    chosen = next(label for label, entry in report.items() if entry["chosen"])
+    assert report[chosen]["peak_bytes"] <= 1.02 * report["original"]["peak_bytes"], report
+
+
+def test_the_speed_check_times_a_donating_step_on_copies(mesh, plain, tmp_path):
+    optimized = disco_xla.jit(
+        _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiscoFallbackWarning)
+        params, consumed = _train(optimized, mesh)
+    _assert_same(plain[0], params)
+    assert consumed == [True] * 4
+    (report,) = optimized.measurements()
+    assert "measured_s" in report["original"] and len(report) >= 2, report
+
+
+def _fails(*_args, **_kwargs):
+    raise RuntimeError("injected failure")
+
+
+# Where a failure is injected (module, attribute), and the words of the warning.
+FAILURES = {
+    "capture": ("disco_xla.capture", "lowered_module", "could not capture the step"),
+    "search": ("disco_xla.planning", "find_plan", "injected failure"),
+    "rewrite": ("disco_xla.planning", "rewrite", "injected failure"),
+    # After the original has run on (and consumed) the user's arguments:
+    "timing": ("disco_xla.jax_api", "rotating_median_seconds", "injected failure"),
+}
+
+
+@pytest.mark.parametrize("where", list(FAILURES))
+def test_a_failure_on_the_first_call_runs_the_original_with_one_warning(
+    where, mesh, plain, tmp_path, monkeypatch
+):
+    module, attribute, words = FAILURES[where]
+    monkeypatch.setattr(f"{module}.{attribute}", _fails)
+    settings = dict(SEARCH, check_speed=where == "timing")
+    optimized = disco_xla.jit(_update, donate_argnums=0, cache_dir=str(tmp_path), **settings)
+    with pytest.warns(DiscoFallbackWarning, match=words) as caught:
+        params, consumed = _train(optimized, mesh)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    _assert_same(plain[0], params)
+    assert consumed == [True] * 4
+    assert optimized.status()[0].startswith("original: ")
+
+
+def test_a_later_failure_of_the_rewritten_program_runs_the_original(
+    mesh, plain, tmp_path, monkeypatch
+):
+    from disco_xla.runtime.jax_program import RewrittenStep
+
+    optimized = disco_xla.jit(_update, donate_argnums=0, cache_dir=str(tmp_path), **SEARCH)
+    params, batches = _state(mesh)
+    params = optimized(params, batches[0])
+    assert optimized.status()[0].startswith("optimized")
+    monkeypatch.setattr(RewrittenStep, "__call__", _fails)
+    with pytest.warns(DiscoFallbackWarning, match="the rewritten program failed") as caught:
+        for batch in batches[1:]:
+            params = jax.block_until_ready(optimized(params, batch))
+    assert len(caught) == 1
+    _assert_same(plain[0], jax.tree.map(np.asarray, params))
+    assert optimized.status()[0].startswith("original: the rewritten program failed")
