@@ -111,7 +111,7 @@ FAILURES = {
     "search": ("disco_xla.planning", "find_plan", "injected failure"),
     "rewrite": ("disco_xla.planning", "rewrite", "injected failure"),
     # After the original has run on (and consumed) the user's arguments:
-    "timing": ("disco_xla.jax_api", "rotating_median_seconds", "injected failure"),
+    "timing": ("disco_xla.jax_trial", "rotating_median_seconds", "injected failure"),
 }
 
 

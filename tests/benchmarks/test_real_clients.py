@@ -50,9 +50,10 @@ def test_a_client_trains_the_same_under_the_hook_and_runs_the_rewritten_step(nam
     if step_name is not None:
         assert [step["name"] for step in optimized] == [step_name], steps
     for step in optimized:
-        for status in step["status"]:
-            assert status.startswith("optimized"), step
-            assert ("; donates " in status) == donates, status
+        assert all(status.startswith("optimized") for status in step["status"]), step
+        # A signature whose arrays JAX had to move first (pmap's first call on
+        # one device's arrays) consumes nothing: at least one says it donates.
+        assert any("; donates " in status for status in step["status"]) == donates, step
         for measurement in step["measurements"]:
             chosen = next(label for label, entry in measurement.items() if entry["chosen"])
             # XLA's memory count of both programs (the rewritten one is refused
@@ -62,12 +63,12 @@ def test_a_client_trains_the_same_under_the_hook_and_runs_the_rewritten_step(nam
 
 _INJECTED = """
 import runpy, sys
-import disco_xla.jax_api
+import disco_xla.jax_trial
 
 def fails(*args, **kwargs):
     raise RuntimeError("injected failure")
 
-disco_xla.jax_api.rotating_median_seconds = fails  # after the original consumed its state
+disco_xla.jax_trial.rotating_median_seconds = fails  # after the original consumed its state
 sys.argv = [{script!r}, "--epochs", "2"]
 runpy.run_path({script!r}, run_name="__main__")
 """
