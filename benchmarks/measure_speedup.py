@@ -245,6 +245,7 @@ def measure_model(name: str, args: argparse.Namespace, cache_dir: str) -> dict:
         max_evaluations=args.max_evaluations,
         cost_model=args.cost_model,
         cache_dir=cache_dir,
+        background=False,  # the first call's trial decides; its programs are timed here
     )
     # The first call searches, rewrites and checks, and returns the original's
     # result; the second runs the program disco-xla chose, which is compared here.

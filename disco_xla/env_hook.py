@@ -87,6 +87,12 @@ def _flag_values():
         "the search's best plans timed on the first call",
         flag_values=values,
     )
+    flags.DEFINE_boolean(
+        "disco_background",
+        DEFAULTS.background,
+        "search, compile and time the candidates off the step's critical path",
+        flag_values=values,
+    )
     flags.DEFINE_string(
         "disco_report",
         None,
@@ -139,6 +145,7 @@ def parse_flags(text: str) -> HookFlags:
         check_speed=values.disco_check_speed,
         candidates=values.disco_candidates,
         measure_budget_s=values.disco_measure_budget_s,
+        background=values.disco_background,
     )
 
 

@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 
+from disco_xla.jax_background import BackgroundTrial
 from disco_xla.jax_trial import (
     CallArguments,
+    SignatureRecord,
     Trial,
     agree_on_module,
     deleted,
@@ -55,18 +57,6 @@ __all__ = ["DiscoFallbackWarning", "OptimizedFunction", "jit", "wrap"]
 _prepared_steps = itertools.count()  # the same on every rank of an SPMD script
 
 
-@dataclass
-class _Compiled:
-    status: str  # 'optimized', 'not data-parallel', or 'original: <reason>'
-    run: Callable | None = None  # the rewritten program, when status is 'optimized'
-    kept: list[int] = field(default_factory=list)
-    delete_after: list[int] = field(default_factory=list)  # donated leaves `run` leaves alive
-    out_tree: Any = None
-    plan: Any = None
-    timing: tuple[float, float] | None = None  # (original, rewritten) median seconds per step
-    candidates: dict[str, dict] = field(default_factory=dict)  # see WrappedStep.measurements
-
-
 class OptimizedFunction(WrappedStep):
     """A jitted or pmapped step that runs disco-xla's rewritten program when it
     can and the original otherwise. Call it like the original; `lower` and other
@@ -86,8 +76,16 @@ class OptimizedFunction(WrappedStep):
         compiled = self._by_signature.get(signature)
         if compiled is None:
             call = CallArguments(self, args, kwargs, leaves, signature[0])
-            compiled, result = self._first_call(call)
+            if self._settings.background:
+                compiled, result = self._start_in_background(call)
+            else:
+                compiled, result = self._first_call(call)
             self._by_signature[signature] = compiled
+            return result
+        if isinstance(compiled, BackgroundTrial):
+            result = compiled.on_call(CallArguments(self, args, kwargs, leaves, signature[0]))
+            if compiled.final is not None:
+                self._by_signature[signature] = compiled.final
             return result
         if compiled.run is None:
             return self._original(*args, **kwargs)
@@ -103,6 +101,32 @@ class OptimizedFunction(WrappedStep):
                 raise  # it took the donated arguments: nothing is left to run on
             return self._original(*args, **kwargs)
         return jax.tree_util.tree_unflatten(compiled.out_tree, outputs)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait until the background work (capture, search, compiles) of every
+        signature seen so far is done; True if it is. The programs are judged,
+        timed and switched to on the calls after it (`BackgroundTrial`)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for record in list(self._by_signature.values()):
+            if isinstance(record, BackgroundTrial):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not record.wait(left):
+                    return False
+        return True
+
+    def _start_in_background(self, call: CallArguments) -> tuple[Any, Any]:
+        """The first call of a signature with `background` on: lower the step,
+        run the original, and leave the rest to a `BackgroundTrial`."""
+        try:
+            lowered = self._original.lower(*call.args, **call.kwargs)
+        except Exception as error:  # noqa: BLE001
+            record = SignatureRecord(f"original: could not capture the step: {one_line(error)}")
+            _warn(self, record.status)
+            return record, call.original(keep_copies=False)
+        result = call.original(keep_copies=False)
+        background = BackgroundTrial(self, lowered, next(_prepared_steps), call)
+        background.start()
+        return background, result
 
     def _with_leaves(self, args: tuple, kwargs: dict, tree, leaves: list) -> tuple[tuple, dict]:
         """`args` and `kwargs` with their array leaves replaced by `leaves`
@@ -130,7 +154,7 @@ class OptimizedFunction(WrappedStep):
         hash(signature)
         return leaves, signature
 
-    def _first_call(self, call: CallArguments) -> tuple[_Compiled, Any]:
+    def _first_call(self, call: CallArguments) -> tuple[SignatureRecord, Any]:
         """What a new signature runs, and the result of its first call. Any
         failure before the original has run returns the original's result with
         one warning; the trial itself (`_optimize`) never reads an argument the
@@ -147,15 +171,15 @@ class OptimizedFunction(WrappedStep):
             if data_parallel:
                 module = prepared(module)
         except Exception as error:  # noqa: BLE001
-            compiled = _Compiled(f"original: could not capture the step: {one_line(error)}")
+            compiled = SignatureRecord(f"original: could not capture the step: {one_line(error)}")
             _warn(self, compiled.status)
             return compiled, call.original()
         if not data_parallel:
-            return _Compiled("not data-parallel"), call.original()
+            return SignatureRecord("not data-parallel"), call.original()
         try:
             compiled, result = self._optimize(module, lowered, call)
         except Exception as error:  # noqa: BLE001 - never break training
-            compiled, result = _Compiled(f"original: {one_line(error)}"), call.result
+            compiled, result = SignatureRecord(f"original: {one_line(error)}"), call.result
             _warn(self, compiled.status)
             if result is None:  # the original has not run yet
                 result = call.original()
@@ -164,7 +188,7 @@ class OptimizedFunction(WrappedStep):
         compiled.status += donation_note(call)
         return compiled, result
 
-    def _optimize(self, module, lowered, call: CallArguments) -> tuple[_Compiled, Any]:
+    def _optimize(self, module, lowered, call: CallArguments) -> tuple[SignatureRecord, Any]:
         """Find the plan and its candidates, then run the first call's trial
         (`Trial`): build every candidate program, keep those all ranks agree
         compute the same as the original (or, when none does, the same as the
@@ -179,7 +203,7 @@ class OptimizedFunction(WrappedStep):
         settings = self._settings
         wait_s = settings.budget_s + settings.measure_budget_s + 600.0
         agree_on_module(self.__name__, module, step, wait_s)
-        compiled, problem, executable = _Compiled("original"), "", None
+        compiled, problem, executable = SignatureRecord("original"), "", None
         # rank 0's plan: on failure, every rank raises here
         choice = shared_choice(module, settings, step, wait_s)
         compiled.plan = choice.plan
@@ -205,19 +229,10 @@ class OptimizedFunction(WrappedStep):
         if measuring:
             chosen = trial.fastest(equal)
             remember(choice, settings, trial, chosen)
-        if chosen == "original":
-            compiled.status = trial.original_status(equal)
-        else:
-            compiled.status = trial.status_of(chosen)
-            compiled.run = trial.programs[chosen]
-            compiled.delete_after = trial.left_to_delete(chosen)
-            compiled.plan = trial.plans[chosen][0]
-        compiled.candidates = trial.report(chosen)
-        mark_cached(compiled.candidates, from_cache)
-        compiled.timing = trial.timing_of(chosen)
+        trial.finish(chosen, equal, from_cache)
         return compiled, result
 
-    def _original_after(self, compiled: _Compiled, trial: Trial) -> _Compiled:
+    def _original_after(self, compiled: SignatureRecord, trial: Trial) -> SignatureRecord:
         compiled.status = "original: " + trial.why()
         compiled.candidates = trial.report("original")
         _warn(self, compiled.status)
@@ -261,6 +276,7 @@ def jit(
     check_speed: bool = DEFAULTS.check_speed,
     candidates: int = DEFAULTS.candidates,
     measure_budget_s: float = DEFAULTS.measure_budget_s,
+    background: bool = DEFAULTS.background,
     **jit_kwargs: Any,
 ) -> Any:
     """Like `jax.jit(fn, **jit_kwargs)`, for a data-parallel training step, with
@@ -286,6 +302,7 @@ def jit(
         check_speed=check_speed,
         candidates=candidates,
         measure_budget_s=measure_budget_s,
+        background=background,
     )
     if fn is None:
         return functools.partial(jit, **settings_arguments, **jit_kwargs)

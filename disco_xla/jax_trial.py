@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -21,6 +23,21 @@ from disco_xla.wrapped_step import TIMING_ROUNDS, fastest_label, one_line, slowe
 
 if TYPE_CHECKING:
     from disco_xla.jax_api import OptimizedFunction
+
+
+@dataclass
+class SignatureRecord:
+    """What one argument signature of a step runs, and what its trial found."""
+
+    status: str  # 'optimized', 'not data-parallel', or 'original: <reason>'
+    run: Callable | None = None  # the rewritten program, when status is 'optimized'
+    kept: list[int] = field(default_factory=list)
+    delete_after: list[int] = field(default_factory=list)  # donated leaves `run` leaves alive
+    out_tree: Any = None
+    plan: Any = None
+    timing: tuple[float, float] | None = None  # (original, rewritten) median seconds per step
+    candidates: dict[str, dict] = field(default_factory=dict)  # see WrappedStep.measurements
+
 
 # Timing the candidates of a first call: rounds of every program once.
 TIMING_TARGET_S = 2.0
@@ -128,10 +145,12 @@ class CallArguments:
         """Every argument leaf as a new copy (a program may consume it)."""
         return [_fresh_copy(leaf) for leaf in self._save()]
 
-    def original(self) -> Any:
+    def original(self, keep_copies: bool = True) -> Any:
         """Run the original step on the user's own arguments (which it may
-        consume), once, and keep its result and what it donated."""
-        self._save()
+        consume), once, and keep its result and what it donated; with
+        `keep_copies`, copies of the arguments are saved first, for runs after."""
+        if keep_copies:
+            self._save()
         self.result = self.function._original(*self.args, **self.kwargs)
         self.donated = [deleted(leaf) for leaf in self.leaves]
         return self.result
@@ -170,6 +189,7 @@ class Trial:
         self.measured_s: dict[str, float] = {}
         self.peak_bytes: dict[str, int] = {}  # label -> XLA's peak buffer bytes per device
         self.deleted_by: dict[str, set[int]] = {}  # label -> the argument leaves it consumed
+        self.built: dict[str, Any] = {}  # label -> program, built ahead (`build_everything`)
         self.against = "original"
         self.problems: list[str] = [problem] if problem else []
 
@@ -196,6 +216,32 @@ class Trial:
     def build_and_run(self, candidates: dict[str, tuple[Any, bool]], executable) -> None:
         """Build each candidate's program (label -> (plan, fusion); the plan None
         for the unchanged module), and run those every rank built, once."""
+        self.run(self.build(candidates, executable))
+
+    def build_everything(self, order: dict[str, tuple[Any, bool]], executable) -> None:
+        """Build every candidate of `order` and the reference (`built`): what a
+        background trial does before `judge_built` runs them."""
+        self.built = self.build(order, executable)
+        self.built.update(self.build({"reference": (None, False)}, executable))
+
+    def judge_built(self, order: dict) -> tuple[list[str], Any]:
+        """Run every program `build_everything` built, then the original on the
+        user's arguments; as `first_agreeing`, the labels of `order` every rank
+        finds equal to the original (else to the reference), and its result."""
+        self.run({label: p for label, p in self.built.items() if label != "reference"})
+        result = self.call.original()
+        self.original_result = result
+        equal = self._agreeing(list(order), result)
+        if equal or "reference" not in self.built:
+            return equal, result
+        self.run({"reference": self.built["reference"]})
+        self.against = "reference"
+        return self._agreeing([label for label in order if label in self.outputs], "reference"), (
+            result
+        )
+
+    def build(self, candidates: dict[str, tuple[Any, bool]], executable) -> dict[str, Any]:
+        """The programs of `candidates` that every rank built, by label."""
         from disco_xla.runtime.agreement import gather
 
         built = {}
@@ -215,9 +261,11 @@ class Trial:
         everywhere = set.intersection(*(set(a.split(",")) - {""} for a in answers))
         if len(everywhere) < len(built) and len(answers) > 1:
             self.problems.append("another rank could not build every program")
-        for label in candidates:
-            if label not in everywhere:
-                continue
+        return {label: built[label] for label in candidates if label in everywhere}
+
+    def run(self, built: dict[str, Any]) -> None:
+        """Run each built program once on fresh copies of the arguments."""
+        for label in built:
             try:
                 fresh = self.call.fresh_leaves()
                 # Waited for: in-process collectives dispatched back to back can
@@ -336,6 +384,21 @@ class Trial:
         every = [json.loads(answer) for answer in answers]
         self.measured_s = {label: sum(a[label] for a in every) / len(every) for label in calls}
         return fastest_label(self.measured_s, labels)
+
+    def finish(self, chosen: str, equal: list[str], from_cache: str | None) -> None:
+        """Fill the signature's record for running `chosen`, one of the `equal`
+        labels or 'original' (when every equal one was slower)."""
+        record = self.compiled
+        if chosen == "original":
+            record.status = self.original_status(equal)
+        else:
+            record.status = self.status_of(chosen)
+            record.run = self.programs[chosen]
+            record.delete_after = self.left_to_delete(chosen)
+            record.plan = self.plans[chosen][0]
+        record.candidates = self.report(chosen)
+        mark_cached(record.candidates, from_cache)
+        record.timing = self.timing_of(chosen)
 
     def timing_of(self, chosen: str) -> tuple[float, float] | None:
         """(original, chosen) median seconds per step, when they were timed."""

@@ -23,6 +23,10 @@ class OptimizeSettings:
     check_speed: bool = True  # time the candidates on first call; keep the fastest
     candidates: int = 4  # the search's best plans measured (with the best baseline)
     measure_budget_s: float = 60.0  # wall-clock cap on timing the candidates
+    # Capture, search and compile off the step's critical path (a background
+    # thread; the original runs meanwhile), and time the candidates on the
+    # user's own steps in rotation; off: all of it in the first call.
+    background: bool = True
 
     def search_options(self) -> dict:
         """The options that change the search result (the cache key's part)."""
@@ -34,6 +38,7 @@ class OptimizeSettings:
             "check_speed",
             "candidates",
             "measure_budget_s",
+            "background",
         ):
             options.pop(local_only)
         return options

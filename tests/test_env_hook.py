@@ -88,7 +88,7 @@ def test_an_unmodified_script_runs_optimized_and_computes_the_same(tmp_path):
     from disco_xla.runtime.apply import compare_outputs
 
     flags = (
-        f"--disco_enable --disco_max_evaluations=10 --nodisco_check_speed "
+        f"--disco_enable --disco_max_evaluations=10 --nodisco_check_speed --nodisco_background "
         f"--disco_cache_dir={tmp_path}"
     )
     optimized = _python(_UNMODIFIED_SCRIPT.format(out=tmp_path / "hook.npz"), flags)

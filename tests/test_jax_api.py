@@ -20,7 +20,7 @@ from disco_xla.zoo.jax_steps import JAX_MODELS, build_jax_step
 
 # The first-call speed check is timing-dependent: off where a test needs the
 # rewritten program to run.
-SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False}
+SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False, "background": False}
 
 
 def _assert_same(expected, got) -> None:
@@ -132,7 +132,7 @@ def test_a_failure_inside_the_optimizer_runs_the_original_with_one_warning(tmp_p
 
 
 def test_a_step_without_cross_device_all_reduces_is_left_alone(tmp_path):
-    optimized = disco_xla.jit(lambda x: jnp.sin(x) * 2, cache_dir=str(tmp_path))
+    optimized = disco_xla.jit(lambda x: jnp.sin(x) * 2, cache_dir=str(tmp_path), background=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DiscoFallbackWarning)
         result = optimized(jnp.arange(4.0))
@@ -175,7 +175,7 @@ def test_jit_times_its_candidates_and_runs_the_fastest_equal_one(tmp_path):
     from disco_xla.demo import build_step
 
     step, (params, opt_state, batch), _ = build_step()
-    optimized = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30)
+    optimized = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30, background=False)
     _assert_same(step(params, opt_state, batch), optimized(params, opt_state, batch))
     (report,) = optimized.measurements()
     timed = {label: e for label, e in report.items() if "measured_s" in e and label != "original"}
@@ -213,7 +213,7 @@ def test_jit_times_its_candidates_and_runs_the_fastest_equal_one(tmp_path):
     # tuple tensor far from those the plan was found with: then it searches and
     # measures once more, and the process after it runs that choice.
     found_with = PlanCache(tmp_path).get_candidates(key)
-    again = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30)
+    again = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30, background=False)
     _assert_same(step(params, opt_state, batch), again(params, opt_state, batch))
     stored = PlanCache(tmp_path).get_candidates(key)
     searched_again = (stored.message_s, stored.tuple_element_s) != (
@@ -223,7 +223,7 @@ def test_jit_times_its_candidates_and_runs_the_fastest_equal_one(tmp_path):
     if searched_again:
         (second,) = again.measurements()
         assert len([e for e in second.values() if "measured_s" in e]) >= 2
-        again = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30)
+        again = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30, background=False)
         _assert_same(step(params, opt_state, batch), again(params, opt_state, batch))
         chosen = stored.chosen
     (last,) = again.measurements()

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 import disco_xla
 from disco_xla.jax_api import DiscoFallbackWarning
 
-SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False}
+SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False, "background": False}
 
 
 def _update(params, batch):
@@ -90,7 +90,7 @@ def test_a_donating_step_runs_rewritten_and_consumes_what_jax_consumes(mesh, pla
 
 def test_the_speed_check_times_a_donating_step_on_copies(mesh, plain, tmp_path):
     optimized = disco_xla.jit(
-        _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10
+        _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10, background=False
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error", DiscoFallbackWarning)
@@ -147,3 +147,50 @@ def test_a_later_failure_of_the_rewritten_program_runs_the_original(
     assert len(caught) == 1
     _assert_same(plain[0], jax.tree.map(np.asarray, params))
     assert optimized.status()[0].startswith("original: the rewritten program failed")
+
+
+def _train_steps(step, mesh, steps: int, after_first=None) -> dict:
+    """`steps` steps over the four batches in turn; `after_first()` runs after
+    the first."""
+    params, batches = _state(mesh)
+    for index in range(steps):
+        params = jax.block_until_ready(step(params, batches[index % len(batches)]))
+        if index == 0 and after_first is not None:
+            after_first()
+    return jax.tree.map(np.asarray, params)
+
+
+@pytest.mark.parametrize("check_speed", [False, True])
+def test_in_the_background_the_original_runs_until_every_program_is_built_and_judged(
+    check_speed, mesh, tmp_path
+):
+    from disco_xla.wrapped_step import TIMING_ROUNDS
+
+    optimized = disco_xla.jit(
+        _update,
+        donate_argnums=0,
+        cache_dir=str(tmp_path),
+        max_evaluations=10,
+        check_speed=check_speed,
+        background=True,
+    )
+
+    def first_call_is_the_original():
+        assert optimized.status() == ["original: optimising in the background"]
+        assert optimized.wait(timeout_s=600)
+
+    # The trial's call, then (with the speed check) every program in rotation:
+    # at most the plan, its buckets, 3 more candidates and a baseline, and the
+    # original, over a warm-up round and TIMING_ROUNDS timed ones.
+    steps = 2 + (7 * (TIMING_ROUNDS + 1) if check_speed else 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiscoFallbackWarning)
+        got = _train_steps(optimized, mesh, steps, first_call_is_the_original)
+    _assert_same(_train_steps(jax.jit(_update, donate_argnums=0), mesh, steps), got)
+    (status,) = optimized.status()
+    assert status.startswith(("optimized", "original: faster here")), status
+    assert status.endswith("; donates args[0]"), status
+    (report,) = optimized.measurements()
+    if check_speed:
+        timed = [label for label, entry in report.items() if "measured_s" in entry]
+        assert "original" in timed and len(timed) >= 2, report

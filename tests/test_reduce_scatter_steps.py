@@ -138,7 +138,7 @@ def test_every_verb_works_on_the_step(module, tmp_path):
 def test_disco_xla_jit_runs_the_step_optimised_and_equal(tmp_path):
     params, x = _arguments()
     optimized = disco_xla.jit(
-        zero_step, cache_dir=str(tmp_path), max_evaluations=10, check_speed=False
+        zero_step, cache_dir=str(tmp_path), max_evaluations=10, check_speed=False, background=False
     )
     got = optimized(params, x)
     (status,) = optimized.status()

@@ -21,7 +21,7 @@ from disco_xla.search.baselines import BASELINES
 from disco_xla.zoo.jax_steps import build_jax_step
 from tests.conftest import run_cli, simulate_plans
 
-SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False}
+SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False, "background": False}
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,7 @@ def test_the_environment_hook_optimises_an_unmodified_sharded_script(tmp_path):
     from tests.test_env_hook import _python
 
     flags = (
-        "--disco_enable --disco_max_evaluations=10 --nodisco_check_speed "
+        "--disco_enable --disco_max_evaluations=10 --nodisco_check_speed --nodisco_background "
         f"--disco_cache_dir={tmp_path}"
     )
     script = textwrap.dedent(_SHARDED_SCRIPT)

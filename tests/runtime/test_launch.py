@@ -9,6 +9,8 @@ import textwrap
 
 import numpy as np
 
+from disco_xla.jax_background import READY_CHECK_EVERY
+from disco_xla.wrapped_step import TIMING_ROUNDS
 from tests.conftest import run_cli
 
 _STEP = """
@@ -31,7 +33,7 @@ _STEP = """
     fn = disco_xla.jit(
         jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P("d")),
                               out_specs=(P(), P()), check_vma=False)),
-        max_evaluations=20, cache_dir=sys.argv[1], check_speed=False)
+        max_evaluations=20, cache_dir=sys.argv[1], check_speed=False, background=False)
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal((8, 4)).astype(np.float32) * 0.3
     b0 = np.zeros((4,), np.float32)
@@ -69,7 +71,7 @@ _SHARDED_STEP = """
     fn = disco_xla.jit(
         jax.jit(step, in_shardings=(replicated, replicated, split),
                 out_shardings=(replicated, replicated)),
-        max_evaluations=20, cache_dir=sys.argv[1] + f"/rank{rank}")
+        max_evaluations=20, cache_dir=sys.argv[1] + f"/rank{rank}", background=BACKGROUND)
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal((8, 4)).astype(np.float32) * 0.3
     b0 = np.zeros((4,), np.float32)
@@ -77,8 +79,10 @@ _SHARDED_STEP = """
     w = jax.make_array_from_process_local_data(replicated, w0)
     b = jax.make_array_from_process_local_data(replicated, b0)
     x = jax.make_array_from_process_local_data(split, batch[rank], (6, 8))
-    for _ in range(3):
-        w, b = fn(w, b, x)
+    for index in range(STEPS):
+        w, b = jax.block_until_ready(fn(w, b, x))
+        if index == 0:
+            assert fn.wait(600)  # the background work, when there is any
     plan = fn.plans()[0].to_json() if fn.plans() else None
     print("RESULT " + json.dumps({"rank": rank, "status": fn.status(), "plan": plan,
                                   "measurements": fn.measurements(),
@@ -86,7 +90,7 @@ _SHARDED_STEP = """
 """
 
 
-def _reference_weights() -> np.ndarray:
+def _reference_weights(steps: int = 3) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
@@ -94,7 +98,7 @@ def _reference_weights() -> np.ndarray:
     w = rng.standard_normal((8, 4)).astype(np.float32) * 0.3
     b = np.zeros((4,), np.float32)
     batch = rng.standard_normal((2, 3, 8)).astype(np.float32)
-    for _ in range(3):
+    for _ in range(steps):
         grads = [
             jax.grad(lambda w, b, x=x: jnp.mean(jnp.tanh(x @ w + b) ** 2), argnums=(0, 1))(w, b)
             for x in batch
@@ -141,7 +145,8 @@ def test_two_ranks_time_the_candidates_of_a_sharded_jit_step_and_agree_on_one(tm
     together, and reach one verdict from the same averaged times (each rank with
     a cache of its own, so neither reads the other's choice), then train like
     one process."""
-    ranks = _two_ranks(tmp_path, "sharded_step.py", _SHARDED_STEP)
+    script = _SHARDED_STEP.replace("BACKGROUND", "False").replace("STEPS", "3")
+    ranks = _two_ranks(tmp_path, "sharded_step.py", script)
     assert ranks[0]["status"] == ranks[1]["status"], (ranks[0]["status"], ranks[1]["status"])
     (status,) = ranks[0]["status"]
     assert status.startswith(("optimized", "original: faster here")), status
@@ -154,6 +159,24 @@ def test_two_ranks_time_the_candidates_of_a_sharded_jit_step_and_agree_on_one(tm
     assert ranks[0]["plan"] == ranks[1]["plan"] and plan["all_reduce_buckets"]
     for rank in ranks.values():
         np.testing.assert_allclose(rank["w"], _reference_weights(), rtol=1e-5, atol=1e-6)
+
+
+def test_in_the_background_two_ranks_switch_to_one_program_on_the_same_step(tmp_path):
+    """With the work in the background, each rank runs the original until every
+    rank has built the candidates (checked on the same calls), judges them on
+    the same call, times them in rotation on the training steps, and switches
+    on the same call to the same program: the ranks train like one process."""
+    steps = 2 * READY_CHECK_EVERY + 7 * (TIMING_ROUNDS + 1)
+    script = _SHARDED_STEP.replace("BACKGROUND", "True").replace("STEPS", str(steps))
+    ranks = _two_ranks(tmp_path, "background_step.py", script)
+    assert ranks[0]["status"] == ranks[1]["status"], (ranks[0]["status"], ranks[1]["status"])
+    (status,) = ranks[0]["status"]
+    assert status.startswith(("optimized", "original: faster here")), status
+    assert ranks[0]["measurements"] == ranks[1]["measurements"]
+    (report,) = ranks[0]["measurements"]
+    assert len([entry for entry in report.values() if "measured_s" in entry]) >= 2, report
+    for rank in ranks.values():
+        np.testing.assert_allclose(rank["w"], _reference_weights(steps), rtol=1e-4, atol=1e-5)
 
 
 def test_ranks_with_different_modules_run_the_original_with_one_warning(tmp_path):

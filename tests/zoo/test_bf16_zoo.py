@@ -55,7 +55,7 @@ def test_the_bf16_variant_sends_bf16_gradients_of_half_the_bytes(captures):
 def test_disco_xla_jit_runs_the_bf16_step_optimised_and_equal(tmp_path):
     step = build_jax_step("gpt2_small", "tiny", replicas=2, global_batch=4, precision="bf16")
     optimized = disco_xla.jit(
-        step.fn, cache_dir=str(tmp_path), max_evaluations=10, check_speed=False
+        step.fn, cache_dir=str(tmp_path), max_evaluations=10, check_speed=False, background=False
     )
     got = optimized(*step.args)
     (status,) = optimized.status()

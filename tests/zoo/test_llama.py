@@ -114,7 +114,9 @@ def test_capture_from_the_cli_refuses_a_form_it_was_not_written_for(tmp_path):
 def test_disco_xla_jit_runs_it_optimised_and_bit_equal_to_jax(tmp_path):
     # Built afresh: the module fixture's arrays are shared with other tests.
     fn, args, _, _ = build_llama_step("tiny", devices=4, global_batch=8, fsdp=2)
-    optimized = disco_xla.jit(fn, cache_dir=str(tmp_path), max_evaluations=20, check_speed=False)
+    optimized = disco_xla.jit(
+        fn, cache_dir=str(tmp_path), max_evaluations=20, check_speed=False, background=False
+    )
     optimized(*args)
     assert optimized.status() == ["optimized"], optimized.status()
     got, expected = optimized(*args), fn(*args)

@@ -1,0 +1,261 @@
+"""Optimising a step off its critical path (`OptimizeSettings.background`).
+
+The first call with a new argument signature lowers the step, runs the original
+(JAX's own first call) and returns its result. A background thread then does
+the slow part: it captures the module, agrees on it with the other ranks, finds
+the plan (or reads it from the plan cache) and compiles every candidate program
+and the reference. Until it is done the original runs.
+
+Once every rank's thread is done (checked on every call in one process, and on
+every `READY_CHECK_EVERY`-th call under `jax.distributed`, so that all ranks
+decide on the same call), one call is the trial: the candidates run on copies
+of its arguments, the original on the arguments themselves, and the programs
+every rank finds equal are kept. With the speed check, the next calls run the
+original and those programs in rotation (`TIMING_ROUNDS` rounds after one
+round of warm-up), each call timed as the user makes it, and then every rank
+switches to the fastest on the same call. A choice the plan cache recorded is
+not timed again: it runs from the call after the trial.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import statistics
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from disco_xla.jax_trial import (
+    CallArguments,
+    SignatureRecord,
+    Trial,
+    agree_on_module,
+    donation_note,
+    remember,
+    shared_choice,
+)
+from disco_xla.runtime.agreement import gather, process_count
+from disco_xla.wrapped_step import (
+    TIMING_ROUNDS,
+    cached_label,
+    candidate_order,
+    fastest_label,
+    one_line,
+)
+
+if TYPE_CHECKING:
+    from disco_xla.jax_api import OptimizedFunction
+
+READY_CHECK_EVERY = 8  # calls between the ranks' checks that all background work is done
+EXIT_WAIT_S = 60.0  # at exit, how long to let a background compile finish
+_running: weakref.WeakSet = weakref.WeakSet()
+
+
+class BackgroundTrial:
+    """What one signature runs while disco-xla optimises it: the original, then
+    each program in turn while they are timed; `final` is the signature's
+    record once every rank has chosen. Has `status`, `plan` and `candidates`
+    as a `SignatureRecord` does."""
+
+    def __init__(self, function: OptimizedFunction, lowered, step: int, first: CallArguments):
+        self.function, self.lowered, self.step = function, lowered, step
+        self.status = "original: optimising in the background"
+        self.plan: Any = None
+        self.candidates: dict[str, dict] = {}
+        self.final: SignatureRecord | None = None
+        self._first = first  # its `donated` says what the step consumes
+        self._calls = 0
+        self._trial: Trial | None = None
+        self._order: dict = {}
+        self._from_cache: str | None = None
+        self._choice: Any = None
+        self._failure = ""
+        self._schedule: list[str] = []  # the programs the next calls run, timed
+        self._untimed = 0  # how many of them warm up
+        self._equal: list[str] = []
+        self._times: dict[str, list[float]] = {}
+        self._thread = threading.Thread(target=self._prepare, name="disco-xla", daemon=True)
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        _running.add(self)
+        self._thread.start()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for the background work; True when it is done."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # -- the background thread ------------------------------------------------
+
+    def _prepare(self) -> None:
+        try:
+            self._capture_and_build()
+        except Exception as error:  # noqa: BLE001 - reported on the trial's call
+            self._failure = one_line(error)
+
+    def _capture_and_build(self) -> None:
+        from disco_xla.capture import lowered_module
+        from disco_xla.planning import has_cross_device_all_reduces, prepared
+        from disco_xla.runtime.jax_program import kept_arguments
+
+        function, lowered = self.function, self.lowered
+        try:
+            module = lowered_module(lowered, f"<jax:{function.__name__}>")
+            if not has_cross_device_all_reduces(module):
+                self.final = SignatureRecord("not data-parallel")
+                return
+            module = prepared(module)
+        except Exception as error:  # noqa: BLE001
+            raise RuntimeError(f"could not capture the step: {one_line(error)}") from None
+        settings = function._settings
+        wait_s = settings.budget_s + settings.measure_budget_s + 600.0
+        agree_on_module(function.__name__, module, self.step, wait_s)
+        self._choice = choice = shared_choice(module, settings, self.step, wait_s)
+        record, problem, executable = SignatureRecord("original"), "", None
+        record.plan = choice.plan
+        try:
+            executable = lowered.compile()
+            record.kept = kept_arguments(lowered)
+            record.out_tree = lowered.out_tree
+        except Exception as error:  # noqa: BLE001 - this rank goes on in step with the others
+            problem = one_line(error)
+        trial = Trial(function, module, lowered, record, None, self.step, wait_s, problem)
+        trial.simulated_s = dict(choice.candidates.simulated_s)
+        self._order = candidate_order(choice, settings.check_speed)
+        self._from_cache = cached_label(choice, self._order)
+        if not self._stop.is_set():
+            trial.build_everything(self._order, executable)
+        self._trial = trial
+
+    # -- the training loop's calls ------------------------------------------------
+
+    def on_call(self, call: CallArguments) -> Any:
+        """Run one call of the signature; may set `final`."""
+        self._calls += 1
+        if self._schedule:
+            return self._timed_call(call)
+        ready = self._all_ready()
+        if ready is None:
+            return call.original(keep_copies=False)
+        if not ready:  # a rank's background work failed: all run the original
+            return self._give_up(call, self._failure or "another rank could not optimise")
+        if self.final is not None:  # not data-parallel
+            return call.original(keep_copies=False)
+        return self._trial_call(call)
+
+    def _all_ready(self) -> bool | None:
+        """None while some rank is still working; else whether every rank's
+        work succeeded. Ranks compare on the same calls only."""
+        done = not self._thread.is_alive()
+        if process_count() == 1:
+            return None if not done else not self._failure
+        if self._calls % READY_CHECK_EVERY:
+            return None
+        state = "0" if not done else ("2" if self._failure else "1")
+        answers = gather(f"step{self.step}/ready/{self._calls}", state, 600.0)
+        if "0" in answers:
+            return None
+        return "2" not in answers
+
+    def _give_up(self, call: CallArguments, why: str, result: Any = None) -> Any:
+        self.final = SignatureRecord(f"original: {why}" + donation_note(self._first))
+        self.final.candidates = self._trial.report("original") if self._trial else {}
+        self.function._warn("jit", self.final.status, stacklevel=5, once=True)
+        if result is None and call.result is None:
+            return call.original(keep_copies=False)
+        return result if result is not None else call.result
+
+    def _trial_call(self, call: CallArguments) -> Any:
+        """The call on which the built programs are judged against the original."""
+        trial = self._trial
+        trial.call = call
+        try:
+            equal, result = trial.judge_built(self._order)
+        except Exception as error:  # noqa: BLE001 - never break training
+            return self._give_up(call, one_line(error))
+        finally:
+            call.release()
+        if not equal:
+            return self._give_up(call, trial.why(), result)
+        if not self.function._settings.check_speed or self._from_cache:
+            self._finish(equal[0], equal)
+            return result
+        labels = ["original", *equal]
+        # Each round runs every program once, the order rotating a place a round;
+        # the first round warms up, untimed.
+        self._schedule = [
+            labels[(round_index + i) % len(labels)]
+            for round_index in range(TIMING_ROUNDS + 1)
+            for i in range(len(labels))
+        ]
+        self._untimed = len(labels)
+        self._equal = equal
+        self.status = f"original: timing {len(equal)} candidates on the training steps"
+        return result
+
+    def _timed_call(self, call: CallArguments) -> Any:
+        """One call of the rotation: the scheduled program, timed."""
+        trial, label = self._trial, self._schedule[0]
+        started = time.perf_counter()
+        try:
+            if label == "original":
+                result = jax.block_until_ready(call.original(keep_copies=False))
+            else:
+                record = trial.compiled
+                outputs = trial.programs[label]([call.leaves[i] for i in record.kept])
+                for i in trial.left_to_delete(label):
+                    call.leaves[i].delete()
+                result = jax.block_until_ready(
+                    jax.tree_util.tree_unflatten(record.out_tree, outputs)
+                )
+        except Exception as error:  # noqa: BLE001
+            self._schedule = []
+            return self._give_up(call, f"{label} failed while timed: {one_line(error)}")
+        elapsed = time.perf_counter() - started
+        self._schedule.pop(0)
+        if self._untimed:
+            self._untimed -= 1
+        else:
+            self._times.setdefault(label, []).append(elapsed)
+        if not self._schedule:
+            self._decide()
+        return result
+
+    def _decide(self) -> None:
+        """Every rank's median times averaged, and the fastest chosen."""
+        trial = self._trial
+        local = {label: statistics.median(times) for label, times in self._times.items()}
+        answers = gather(f"step{self.step}/timing", json.dumps(local), trial.wait_s)
+        every = [json.loads(answer) for answer in answers]
+        trial.measured_s = {label: sum(a[label] for a in every) / len(every) for label in local}
+        chosen = fastest_label(trial.measured_s, self._equal)
+        remember(self._choice, self.function._settings, trial, chosen)
+        self._finish(chosen, self._equal)
+
+    def _finish(self, chosen: str, equal: list[str]) -> None:
+        trial = self._trial
+        trial.finish(chosen, equal, self._from_cache)
+        record = trial.compiled
+        record.status += donation_note(self._first)
+        self.final = record
+        if record.status.startswith("original: ") and chosen != "original":
+            self.function._warn("jit", record.status, stacklevel=5, once=True)
+
+
+def stop_all() -> None:
+    """At exit: tell background work to stop after its current compile, and
+    wait up to EXIT_WAIT_S for it (a compile cut off by the interpreter's exit
+    could crash it)."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for background in list(_running):
+        background._stop.set()
+    for background in list(_running):
+        background.wait(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(stop_all)
