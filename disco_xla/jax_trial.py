@@ -190,6 +190,7 @@ class Trial:
         self.peak_bytes: dict[str, int] = {}  # label -> XLA's peak buffer bytes per device
         self.deleted_by: dict[str, set[int]] = {}  # label -> the argument leaves it consumed
         self.built: dict[str, Any] = {}  # label -> program, built ahead (`build_everything`)
+        self.errors: dict[str, str] = {}  # label -> why its program was not built
         self.against = "original"
         self.problems: list[str] = [problem] if problem else []
 
@@ -252,6 +253,7 @@ class Trial:
                 program = self._build(label, plan, fusion, executable)
             except Exception as error:  # noqa: BLE001
                 self.problems.append(f"{label}: {one_line(error)}")
+                self.errors[label] = one_line(error)
                 continue
             if program is not None:
                 built[label] = program
@@ -284,7 +286,7 @@ class Trial:
         from disco_xla.planning import rewrite
         from disco_xla.runtime.apply import NO_COMBINER, check_all_reduces
         from disco_xla.runtime.jax_program import (
-            check_donation,
+            check_memory,
             peak_bytes,
             standing_in_for,
             with_aliases_of,
@@ -299,9 +301,9 @@ class Trial:
         aliased = with_aliases_of(target, executable)
         program = standing_in_for(aliased, self.lowered, executable, NO_COMBINER)
         original_stats, stats = executable.memory_analysis(), program.memory_stats()
-        check_donation(original_stats, stats)
         self.peak_bytes.setdefault("original", peak_bytes(original_stats))
         self.peak_bytes[label] = peak_bytes(stats)
+        check_memory(original_stats, stats)
         if plan is not None:
             check_all_reduces(self.module, plan, program.compiled_module())
             self.fingerprints[label] = target.fingerprint
@@ -432,8 +434,11 @@ class Trial:
     def report(self, chosen: str) -> dict[str, dict]:
         """`measurements()`' entry for this signature."""
         entries: dict[str, dict] = {}
-        for label in (*self.plans, *self.same_as):
+        refused = [label for label in self.errors if label != "reference"]
+        for label in dict.fromkeys((*self.plans, *self.same_as, *refused)):
             entry: dict = {}
+            if label in self.errors:
+                entry["error"] = self.errors[label]
             if label in self.simulated_s:
                 entry["simulated_s"] = self.simulated_s[label]
             if label in self.same_as:

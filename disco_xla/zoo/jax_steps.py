@@ -111,13 +111,18 @@ def build_jax_step(
     concrete: bool = True,
     seed: int = 0,
     precision: str = "f32",
+    donate: bool = False,
 ) -> JaxStep:
     """The data-parallel training step of zoo model `name` over `replicas` devices,
     in f32 or mixed bf16 `precision`.
 
     With `concrete=False` the arguments are `jax.ShapeDtypeStruct`s: enough to
-    lower and capture the step without allocating full-size weights.
+    lower and capture the step without allocating full-size weights. With
+    `donate` (mode 'sharded' only), the step donates its parameters, state and
+    optimizer state, as training loops do.
     """
+    if donate and mode != "sharded":
+        raise ValueError("donate is for mode='sharded'")
     _check_step(name, replicas, global_batch, precision)
     transformed, example, optimizer = _model(name, size, global_batch, np.random.default_rng(seed))
     per_device = global_batch // replicas
@@ -135,7 +140,7 @@ def build_jax_step(
     elif mode == "shard_map":
         fn, args = _shard_map_form(train, variables, example, replicas, concrete)
     elif mode == "sharded":
-        fn, args = _sharded_form(train, variables, example, replicas, concrete)
+        fn, args = _sharded_form(train, variables, example, replicas, concrete, donate)
     else:
         raise ValueError(f"unknown mode {mode!r}: use 'pmap', 'shard_map' or 'sharded'")
     return JaxStep(
@@ -256,7 +261,9 @@ def _shard_map_form(train, variables: tuple, example, replicas: int, concrete: b
     return fn, (*variables, example if concrete else _abstract(example))
 
 
-def _sharded_form(train, variables: tuple, example, replicas: int, concrete: bool):
+def _sharded_form(
+    train, variables: tuple, example, replicas: int, concrete: bool, donate: bool = False
+):
     """(`jax.jit` of the whole batch's step over sharded arguments, the
     arguments placed: variables replicated, the batch split along its first
     axis). XLA's SPMD partitioner splits the step by the arguments' shardings
@@ -271,6 +278,7 @@ def _sharded_form(train, variables: tuple, example, replicas: int, concrete: boo
         global_step,
         in_shardings=(whole, whole, whole, split),
         out_shardings=(whole, whole, whole, whole),
+        donate_argnums=(0, 1, 2) if donate else (),
     )
 
     def place(tree, sharding):

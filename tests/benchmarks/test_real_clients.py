@@ -27,7 +27,9 @@ def _hooked_flags(name: str, tmp_path) -> str:
         cluster,
         str(tmp_path / "cache"),
         str(tmp_path / "report.json"),
-        ("--nodisco_check_speed", "--disco_max_evaluations=20"),
+        # The whole trial in the first call (the background is tested with
+        # disco_xla.jit, where the test can wait for it).
+        ("--nodisco_check_speed", "--nodisco_background", "--disco_max_evaluations=20"),
     )
 
 
@@ -87,7 +89,7 @@ def test_a_failure_under_the_hook_runs_the_original_with_one_warning(failure, tm
     cluster = "no-such-cluster" if failure == "unknown cluster" else "cpu-local-inprocess"
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}")
     env["DISCO_XLA_FLAGS"] = hook_flags(
-        cluster, str(tmp_path / "cache"), str(tmp_path / "report.json")
+        cluster, str(tmp_path / "cache"), str(tmp_path / "report.json"), ("--nodisco_background",)
     )
     if failure == "unknown cluster":
         command = [sys.executable, script, "--epochs", "2"]
