@@ -38,17 +38,19 @@ class Client:
     times_key: str = "step_s"  # which list of times the client prints
     # The benchmark's run: long enough for the background work, the trial and
     # the timing rotation to end well before the last quarter of the run.
-    long_arguments: tuple[str, ...] = ("--steps", "400")
+    long_arguments: tuple[str, ...] = ("--steps", "3000")
 
 
 CLIENTS = {
     "sharded_jit_mnist": Client(
-        "sharded_jit_mnist.py", ("--epochs", "2"), 1, "epoch_s", ("--epochs", "48")
+        "sharded_jit_mnist.py", ("--epochs", "2"), 1, "epoch_s", ("--epochs", "400")
     ),
-    "keras_fit": Client("keras_fit.py", (), 1, "epoch_s", ("--epochs", "48")),
+    "keras_fit": Client("keras_fit.py", (), 1, "epoch_s", ("--epochs", "100")),
     "flax_nnx": Client("flax_nnx.py"),
     "pmap_donate": Client("pmap_donate.py"),
-    "distributed_mlp": Client("distributed_mlp.py", processes=4),
+    "distributed_mlp": Client(
+        "distributed_mlp.py", processes=4, long_arguments=("--steps", "1500")
+    ),
 }
 
 

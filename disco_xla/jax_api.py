@@ -1,20 +1,22 @@
 """`disco_xla.jit`: `jax.jit` / `jax.pmap` for data-parallel training steps, running
 the rewritten module that disco-xla's plan makes.
 
-On the first call with a given argument signature (tree structure, shapes, dtypes,
-shardings and static arguments) the step is lowered. If its module reduces
-gradients across devices, a plan and its candidates (the search's next best
-plans, the best baseline) are read from the plan cache or searched, the module
-is rewritten for each and compiled, and each rewritten program runs once beside
-the original on the same arguments. Of those whose outputs agree (the rule of
+A step has one record per argument signature (tree structure, shapes, dtypes,
+layouts over devices and static arguments). On the first call with a signature
+the step is lowered. If its module reduces gradients across devices, a plan and
+its candidates (the search's next best plans, the best baseline) are read from
+the plan cache or searched, the module is rewritten for each and compiled, and
+each rewritten program runs once beside the original, on copies of the same
+arguments (`jax_trial`). Of those whose outputs agree (the rule of
 `runtime.apply.compare_outputs`), the fastest, timed beside the original, runs
 in later calls, unless the original is as fast; otherwise, or if anything at
 all fails on our side, the original runs, with one `DiscoFallbackWarning` that
-says why. The first call returns the original's result, so training never
-depends on an unchecked program.
+says why. By default that work happens in the background while the original
+runs (`jax_background`); with `background=False`, in the first call. The first
+call always returns the original's result.
 
 Under `jax.distributed` every rank captures the module, the ranks compare its
-fingerprint (a mismatch raises `AgreementError` on every rank), rank 0 finds the
+fingerprint (where they differ, every rank runs the original), rank 0 finds the
 plan and shares it, and the ranks agree on which programs each could build, on
 every verdict, and on the times (averaged over the ranks), so all of them run
 the same program.
@@ -247,9 +249,16 @@ def _layout(leaf) -> Any:
     sharding = getattr(leaf, "sharding", None)
     if sharding is None:
         return None
+    return _layout_of(sharding, len(np.shape(leaf)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_of(sharding, rank: int) -> Any:
+    """`_layout`'s key for a sharding of arrays of `rank` dimensions (cached:
+    it is asked for every argument of every call)."""
     try:
         return (
-            str(sharding._to_xla_hlo_sharding(len(np.shape(leaf)))),
+            str(sharding._to_xla_hlo_sharding(rank)),
             tuple(device.id for device in sharding._device_assignment),
             sharding.memory_kind,
         )
@@ -285,12 +294,15 @@ def jit(
     jit keyword arguments are taken. Usable as `@disco_xla.jit` or
     `@disco_xla.jit(cluster=...)`.
 
-    With `check_speed`, the first call with a signature times the search's
-    `candidates` best plans, the plan's buckets alone and the best baseline
-    beside the original (in rotating rounds, at most `measure_budget_s`), and
-    runs the fastest that computes the same as the original, or the original
-    when none is faster. `measurements()` reports each candidate's simulated
-    and measured time; the plan cache keeps the choice for the next run."""
+    With `check_speed`, each signature's search's `candidates` best plans, the
+    plan's buckets alone and the best baseline are timed beside the original
+    (in rotating rounds), and the fastest that computes the same as the
+    original runs, or the original when none is faster. With `background` (the
+    default) the search and compiles run in a thread while the original runs,
+    and the timing rounds are the training loop's own calls; otherwise all of
+    it happens in the first call, the timing within `measure_budget_s`.
+    `measurements()` reports each candidate's simulated and measured time; the
+    plan cache keeps the choice for the next run."""
     settings_arguments = dict(
         cluster=cluster,
         budget_s=budget_s,
