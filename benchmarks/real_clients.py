@@ -45,9 +45,9 @@ CLIENTS = {
     "sharded_jit_mnist": Client(
         "sharded_jit_mnist.py", ("--epochs", "2"), 1, "epoch_s", ("--epochs", "400")
     ),
-    "keras_fit": Client("keras_fit.py", (), 1, "epoch_s", ("--epochs", "100")),
+    "keras_fit": Client("keras_fit.py", (), 1, "epoch_s", ("--epochs", "600")),
     "flax_nnx": Client("flax_nnx.py"),
-    "pmap_donate": Client("pmap_donate.py"),
+    "pmap_donate": Client("pmap_donate.py", long_arguments=("--steps", "8000")),
     "distributed_mlp": Client(
         "distributed_mlp.py", processes=4, long_arguments=("--steps", "1500")
     ),

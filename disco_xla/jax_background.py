@@ -93,10 +93,13 @@ class BackgroundTrial:
     # -- the background thread ------------------------------------------------
 
     def _prepare(self) -> None:
+        _yield_to_the_loop(True)
         try:
             self._capture_and_build()
         except Exception as error:  # noqa: BLE001 - reported on the trial's call
             self._failure = one_line(error)
+        finally:
+            _yield_to_the_loop(False)
 
     def _capture_and_build(self) -> None:
         from disco_xla.capture import lowered_module
@@ -245,6 +248,40 @@ class BackgroundTrial:
         self.final = record
         if record.status.startswith("original: ") and chosen != "original":
             self.function._warn("jit", record.status, stacklevel=5, once=True)
+
+
+# While background work runs, the training loop's thread must not wait long for
+# the interpreter lock (Python hands it over every `sys.getswitchinterval()`,
+# 5 ms by default, when two threads want it: a loop of millisecond steps then
+# slows by half), nor for the CPUs.
+_BUSY_SWITCH_INTERVAL_S = 0.0002
+_busy = {"threads": 0, "interval_s": 0.0}
+_busy_lock = threading.Lock()
+
+
+def _yield_to_the_loop(starting: bool) -> None:
+    """Called by each background thread as it starts and ends: while any runs,
+    the interpreter hands its lock over every _BUSY_SWITCH_INTERVAL_S, and the
+    thread itself runs at the lowest CPU priority (Linux schedules threads
+    apart; their compiler threads inherit it)."""
+    import os
+    import sys
+
+    if starting:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):  # not Linux: the priority stays
+            pass
+    with _busy_lock:
+        if starting:
+            if _busy["threads"] == 0:
+                _busy["interval_s"] = sys.getswitchinterval()
+                sys.setswitchinterval(_BUSY_SWITCH_INTERVAL_S)
+            _busy["threads"] += 1
+        else:
+            _busy["threads"] -= 1
+            if _busy["threads"] == 0:
+                sys.setswitchinterval(_busy["interval_s"])
 
 
 def stop_all() -> None:
