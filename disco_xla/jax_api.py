@@ -148,10 +148,7 @@ class OptimizedFunction(WrappedStep):
         static = tuple(args[i] for i in self._static_positions if i < len(args)) + tuple(
             sorted((k, v) for k, v in kwargs.items() if k in self._static_names)
         )
-        keys = tuple(
-            (type(leaf).__name__, np.shape(leaf), str(getattr(leaf, "dtype", "")), _layout(leaf))
-            for leaf in leaves
-        )
+        keys = tuple(map(_leaf_key, leaves))
         signature = (tree, keys, static)
         hash(signature)
         return leaves, signature
@@ -239,6 +236,15 @@ class OptimizedFunction(WrappedStep):
         compiled.candidates = trial.report("original")
         _warn(self, compiled.status)
         return compiled
+
+
+def _leaf_key(leaf) -> tuple:
+    """What of one argument leaf decides the program: its type, shape, dtype and
+    layout (asked of every leaf of every call, so device arrays take the quick
+    way)."""
+    if isinstance(leaf, jax.Array):
+        return (leaf.shape, leaf.dtype, leaf.weak_type, _layout_of(leaf.sharding, leaf.ndim))
+    return (type(leaf).__name__, np.shape(leaf), str(getattr(leaf, "dtype", "")), _layout(leaf))
 
 
 def _layout(leaf) -> Any:

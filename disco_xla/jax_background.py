@@ -131,8 +131,8 @@ class BackgroundTrial:
         trial.simulated_s = dict(choice.candidates.simulated_s)
         self._order = candidate_order(choice, settings.check_speed)
         self._from_cache = cached_label(choice, self._order)
-        if not self._stop.is_set():
-            trial.build_everything(self._order, executable)
+        trial.stopping = self._stop.is_set  # at exit: no more compiles
+        trial.build_everything(self._order, executable)
         self._trial = trial
 
     # -- the training loop's calls ------------------------------------------------

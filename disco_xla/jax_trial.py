@@ -191,6 +191,7 @@ class Trial:
         self.deleted_by: dict[str, set[int]] = {}  # label -> the argument leaves it consumed
         self.built: dict[str, Any] = {}  # label -> program, built ahead (`build_everything`)
         self.errors: dict[str, str] = {}  # label -> why its program was not built
+        self.stopping: Callable[[], bool] = lambda: False  # True: build nothing more
         self.against = "original"
         self.problems: list[str] = [problem] if problem else []
 
@@ -247,7 +248,7 @@ class Trial:
 
         built = {}
         for label, (plan, fusion) in candidates.items():
-            if executable is None:
+            if executable is None or self.stopping():
                 continue
             try:
                 program = self._build(label, plan, fusion, executable)
