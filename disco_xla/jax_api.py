@@ -57,6 +57,7 @@ from disco_xla.wrapped_step import (
 __all__ = ["DiscoFallbackWarning", "OptimizedFunction", "jit", "wrap"]
 
 _prepared_steps = itertools.count()  # the same on every rank of an SPMD script
+CALLED_ONCE = "original: called once so far"
 
 
 class OptimizedFunction(WrappedStep):
@@ -76,7 +77,12 @@ class OptimizedFunction(WrappedStep):
         if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self._original(*args, **kwargs)  # inside an outer transformation
         compiled = self._by_signature.get(signature)
-        if compiled is None:
+        if compiled is None and self._settings.background:
+            # A signature called once only (an initial layout, an evaluation)
+            # is not worth optimising: the work starts on its second call.
+            self._by_signature[signature] = SignatureRecord(CALLED_ONCE)
+            return self._original(*args, **kwargs)
+        if compiled is None or compiled.status == CALLED_ONCE:
             call = CallArguments(self, args, kwargs, leaves, signature[0])
             if self._settings.background:
                 compiled, result = self._start_in_background(call)
