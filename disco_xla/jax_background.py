@@ -1,7 +1,8 @@
 """Optimising a step off its critical path (`OptimizeSettings.background`).
 
-The first call with a new argument signature lowers the step, runs the original
-(JAX's own first call) and returns its result. A background thread then does
+The first call with a new argument signature runs the original (JAX's own first
+call); the second lowers the step, runs the original and returns its result
+(`OptimizedFunction`). A background thread then does
 the slow part: it captures the module, agrees on it with the other ranks, finds
 the plan (or reads it from the plan cache) and compiles every candidate program
 and the reference. Until it is done the original runs.
@@ -74,6 +75,7 @@ class BackgroundTrial:
         self._from_cache: str | None = None
         self._choice: Any = None
         self._failure = ""
+        self._data_parallel = True
         self._schedule: list[str] = []  # the programs the next calls run, timed
         self._untimed = 0  # how many of them warm up
         self._equal: list[str] = []
@@ -110,7 +112,7 @@ class BackgroundTrial:
         try:
             module = lowered_module(lowered, f"<jax:{function.__name__}>")
             if not has_cross_device_all_reduces(module):
-                self.final = SignatureRecord("not data-parallel")
+                self._data_parallel = False  # `final` says so once every rank knows
                 return
             module = prepared(module)
         except Exception as error:  # noqa: BLE001
@@ -147,7 +149,8 @@ class BackgroundTrial:
             return call.original(keep_copies=False)
         if not ready:  # a rank's background work failed: all run the original
             return self._give_up(call, self._failure or "another rank could not optimise")
-        if self.final is not None:  # not data-parallel
+        if not self._data_parallel:
+            self.final = SignatureRecord("not data-parallel")
             return call.original(keep_copies=False)
         return self._trial_call(call)
 
