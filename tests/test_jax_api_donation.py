@@ -196,3 +196,22 @@ def test_in_the_background_the_original_runs_until_every_program_is_built_and_ju
     if check_speed:
         timed = [label for label, entry in report.items() if "measured_s" in entry]
         assert "original" in timed and len(timed) >= 2, report
+
+
+def test_a_failure_in_the_background_runs_the_original_with_one_warning(
+    mesh, plain, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("disco_xla.planning.find_plan", _fails)
+    optimized = disco_xla.jit(
+        _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10, background=True
+    )
+
+    def second_call_started_the_work():
+        assert optimized.wait(timeout_s=600)
+
+    with pytest.warns(DiscoFallbackWarning, match="injected failure") as caught:
+        got = _train_steps(optimized, mesh, 4, second_call_started_the_work)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    _assert_same(plain[0], got)
+    (status,) = optimized.status()
+    assert status.startswith("original: ") and "injected failure" in status, status
