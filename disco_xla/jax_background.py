@@ -140,8 +140,16 @@ class BackgroundTrial:
     # -- the training loop's calls ------------------------------------------------
 
     def on_call(self, call: CallArguments) -> Any:
-        """Run one call of the signature; may set `final`."""
+        """Run one call of the signature; may set `final`. A failure on our side
+        (a rank that does not answer, say) runs the original from then on."""
         self._calls += 1
+        try:
+            return self._dispatch(call)
+        except Exception as error:  # noqa: BLE001 - never break training
+            self._schedule = []
+            return self._give_up(call, one_line(error), call.result)
+
+    def _dispatch(self, call: CallArguments) -> Any:
         if self._schedule:
             return self._timed_call(call)
         ready = self._all_ready()
@@ -223,6 +231,7 @@ class BackgroundTrial:
             self._schedule = []
             return self._give_up(call, f"{label} failed while timed: {one_line(error)}")
         elapsed = time.perf_counter() - started
+        call.result = result
         self._schedule.pop(0)
         if self._untimed:
             self._untimed -= 1
