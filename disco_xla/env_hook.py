@@ -132,6 +132,9 @@ def parse_flags(text: str) -> HookFlags:
     for name in ("budget_s", "max_evaluations", "candidates", "measure_budget_s"):
         if getattr(values, f"disco_{name}") <= 0:
             raise ValueError(f"--disco_{name} must be positive")
+    report = values.disco_report
+    if report is not None and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
+        raise ValueError(f"--disco_report={report}: its folder does not exist")
     return HookFlags(
         enable=values.disco_enable,
         report=values.disco_report,
@@ -227,8 +230,12 @@ def _write_report(path: str, wrapped: list) -> None:
         if function.status()
     ]
     rank = jax.process_index()
-    with open(path if rank == 0 else f"{path}.{rank}", "w") as report:
-        json.dump({"steps": steps}, report, indent=1)
+    target = path if rank == 0 else f"{path}.{rank}"
+    try:
+        with open(target, "w") as report:
+            json.dump({"steps": steps}, report, indent=1)
+    except OSError as error:
+        print(f"disco-xla: error: --disco_report: cannot write {target}: {error}", file=sys.stderr)
 
 
 def startup() -> None:

@@ -35,6 +35,7 @@ def test_flags_are_parsed_with_their_defaults():
         ("--disco_max_evaluations=0", "--disco_max_evaluations"),
         ("--disco_candidates=0", "--disco_candidates"),
         ("disco_enable", "disco_enable"),
+        ("--disco_report=/no/such/folder/report.json", "--disco_report"),
     ],
 )
 def test_a_bad_flag_is_named(text, named):
