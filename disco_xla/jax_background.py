@@ -21,7 +21,6 @@ not timed again: it runs from the call after the trial.
 from __future__ import annotations
 
 import atexit
-import json
 import statistics
 import threading
 import time
@@ -244,10 +243,9 @@ class BackgroundTrial:
     def _decide(self) -> None:
         """Every rank's median times averaged, and the fastest chosen."""
         trial = self._trial
-        local = {label: statistics.median(times) for label, times in self._times.items()}
-        answers = gather(f"step{self.step}/timing", json.dumps(local), trial.wait_s)
-        every = [json.loads(answer) for answer in answers]
-        trial.measured_s = {label: sum(a[label] for a in every) / len(every) for label in local}
+        trial.average_over_ranks(
+            {label: statistics.median(times) for label, times in self._times.items()}
+        )
         chosen = fastest_label(trial.measured_s, self._equal)
         remember(self._choice, self.function._settings, trial, chosen)
         self._finish(chosen, self._equal)

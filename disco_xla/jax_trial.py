@@ -211,9 +211,13 @@ class Trial:
             if equal:
                 return equal, result
         self.build_and_run({"reference": (None, False)}, executable)
+        return self._equal_to_reference(order), result
+
+    def _equal_to_reference(self, order: dict) -> list[str]:
+        """The labels of `order` that ran and that every rank finds equal to the
+        reference, which has run (none agreed with the original)."""
         self.against = "reference"
-        built = [label for label in order if label in self.outputs]
-        return self._agreeing(built, "reference"), result
+        return self._agreeing([label for label in order if label in self.outputs], "reference")
 
     def build_and_run(self, candidates: dict[str, tuple[Any, bool]], executable) -> None:
         """Build each candidate's program (label -> (plan, fusion); the plan None
@@ -237,10 +241,7 @@ class Trial:
         if equal or "reference" not in self.built:
             return equal, result
         self.run({"reference": self.built["reference"]})
-        self.against = "reference"
-        return self._agreeing([label for label in order if label in self.outputs], "reference"), (
-            result
-        )
+        return self._equal_to_reference(order), result
 
     def build(self, candidates: dict[str, tuple[Any, bool]], executable) -> dict[str, Any]:
         """The programs of `candidates` that every rank built, by label."""
@@ -361,7 +362,7 @@ class Trial:
         estimate of the measuring budget allow; averaged over the ranks, so all
         decide alike). Returns the fastest label, or 'original' when none is
         strictly faster than the original (`slower_status`)."""
-        from disco_xla.runtime.agreement import broadcast, gather
+        from disco_xla.runtime.agreement import broadcast
 
         kept, on_copies = self.compiled.kept, self.call.fresh_leaves
         calls = {"original": lambda leaves: jax.block_until_ready(self.call.original_on(leaves))}
@@ -382,11 +383,17 @@ class Trial:
                 self.wait_s,
             )
         )
-        local = rotating_median_seconds(calls, rounds, prepare=on_copies)
-        answers = gather(f"step{self.step}/timing", json.dumps(local), self.wait_s)
-        every = [json.loads(answer) for answer in answers]
-        self.measured_s = {label: sum(a[label] for a in every) / len(every) for label in calls}
+        self.average_over_ranks(rotating_median_seconds(calls, rounds, prepare=on_copies))
         return fastest_label(self.measured_s, labels)
+
+    def average_over_ranks(self, local_s: dict[str, float]) -> None:
+        """`measured_s`: each program's time on this rank, averaged over the
+        ranks (so that all of them reach one verdict)."""
+        from disco_xla.runtime.agreement import gather
+
+        answers = gather(f"step{self.step}/timing", json.dumps(local_s), self.wait_s)
+        every = [json.loads(answer) for answer in answers]
+        self.measured_s = {label: sum(a[label] for a in every) / len(every) for label in local_s}
 
     def finish(self, chosen: str, equal: list[str], from_cache: str | None) -> None:
         """Fill the signature's record for running `chosen`, one of the `equal`
