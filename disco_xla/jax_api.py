@@ -36,23 +36,17 @@ import numpy as np
 from disco_xla.jax_background import BackgroundTrial
 from disco_xla.jax_trial import (
     CallArguments,
-    SignatureRecord,
-    Trial,
+    JaxSignatureRecord,
+    JaxTrial,
     agree_on_module,
     deleted,
     donation_note,
-    mark_cached,
-    remember,
     shared_choice,
+    waiting_s,
 )
 from disco_xla.settings import DEFAULTS, OptimizeSettings
-from disco_xla.wrapped_step import (
-    DiscoFallbackWarning,
-    WrappedStep,
-    cached_label,
-    candidate_order,
-    one_line,
-)
+from disco_xla.trial import is_fallback
+from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep, one_line
 
 __all__ = ["DiscoFallbackWarning", "OptimizedFunction", "jit", "wrap"]
 
@@ -80,7 +74,7 @@ class OptimizedFunction(WrappedStep):
         if compiled is None and self._settings.background:
             # A signature called once only (an initial layout, an evaluation)
             # is not worth optimising: the work starts on its second call.
-            self._by_signature[signature] = SignatureRecord(CALLED_ONCE)
+            self._by_signature[signature] = JaxSignatureRecord(CALLED_ONCE)
             return self._original(*args, **kwargs)
         if compiled is None or compiled.status == CALLED_ONCE:
             call = CallArguments(self, args, kwargs, leaves, signature[0])
@@ -128,7 +122,7 @@ class OptimizedFunction(WrappedStep):
         try:
             lowered = self._original.lower(*call.args, **call.kwargs)
         except Exception as error:  # noqa: BLE001
-            record = SignatureRecord(f"original: could not capture the step: {one_line(error)}")
+            record = JaxSignatureRecord(f"original: could not capture the step: {one_line(error)}")
             _warn(self, record.status)
             return record, call.original(keep_copies=False)
         result = call.original(keep_copies=False)
@@ -159,7 +153,7 @@ class OptimizedFunction(WrappedStep):
         hash(signature)
         return leaves, signature
 
-    def _first_call(self, call: CallArguments) -> tuple[SignatureRecord, Any]:
+    def _first_call(self, call: CallArguments) -> tuple[JaxSignatureRecord, Any]:
         """What a new signature runs, and the result of its first call. Any
         failure before the original has run returns the original's result with
         one warning; the trial itself (`_optimize`) never reads an argument the
@@ -176,15 +170,16 @@ class OptimizedFunction(WrappedStep):
             if data_parallel:
                 module = prepared(module)
         except Exception as error:  # noqa: BLE001
-            compiled = SignatureRecord(f"original: could not capture the step: {one_line(error)}")
+            why = f"original: could not capture the step: {one_line(error)}"
+            compiled = JaxSignatureRecord(why)
             _warn(self, compiled.status)
             return compiled, call.original()
         if not data_parallel:
-            return SignatureRecord("not data-parallel"), call.original()
+            return JaxSignatureRecord("not data-parallel"), call.original()
         try:
             compiled, result = self._optimize(module, lowered, call)
         except Exception as error:  # noqa: BLE001 - never break training
-            compiled, result = SignatureRecord(f"original: {one_line(error)}"), call.result
+            compiled, result = JaxSignatureRecord(f"original: {one_line(error)}"), call.result
             _warn(self, compiled.status)
             if result is None:  # the original has not run yet
                 result = call.original()
@@ -193,55 +188,33 @@ class OptimizedFunction(WrappedStep):
         compiled.status += donation_note(call)
         return compiled, result
 
-    def _optimize(self, module, lowered, call: CallArguments) -> tuple[SignatureRecord, Any]:
+    def _optimize(self, module, lowered, call: CallArguments) -> tuple[JaxSignatureRecord, Any]:
         """Find the plan and its candidates, then run the first call's trial
-        (`Trial`): build every candidate program, keep those all ranks agree
-        compute the same as the original (or, when none does, the same as the
-        unchanged step compiled the way we compile: from its HLO, combiner off;
-        XLA's HLO-to-StableHLO path alone rounds some values differently from
-        JAX's own compile, which Adam amplifies where a gradient is zero in exact
-        arithmetic), and of those run the fastest, timed beside the original;
-        else the original."""
+        (`JaxTrial`): every rank builds the candidate programs, keeps those all
+        ranks agree compute the same as the original, and of those runs the
+        fastest, timed beside the original; else the original."""
         from disco_xla.runtime.jax_program import kept_arguments
 
-        step = next(_prepared_steps)
-        settings = self._settings
-        wait_s = settings.budget_s + settings.measure_budget_s + 600.0
+        step, settings = next(_prepared_steps), self._settings
+        wait_s = waiting_s(settings)
         agree_on_module(self.__name__, module, step, wait_s)
-        compiled, problem, executable = SignatureRecord("original"), "", None
         # rank 0's plan: on failure, every rank raises here
         choice = shared_choice(module, settings, step, wait_s)
-        compiled.plan = choice.plan
+        record, problem, executable = JaxSignatureRecord("original"), "", None
         try:  # this rank's own work: it goes on in step with the others if it fails
             executable = lowered.compile()
-            compiled.kept = kept_arguments(lowered)
-            compiled.out_tree = lowered.out_tree
+            record.kept = kept_arguments(lowered)
+            record.out_tree = lowered.out_tree
             if len(call.leaves) != len(jax.tree_util.tree_leaves(lowered.in_avals)):
                 raise RuntimeError("the arguments do not match the lowered step")
         except Exception as error:  # noqa: BLE001 - never break training
             executable, problem = None, one_line(error)
-        trial = Trial(self, module, lowered, compiled, call, step, wait_s, problem)
-        trial.simulated_s = dict(choice.candidates.simulated_s)
-        measuring = settings.check_speed
-        order = candidate_order(choice, measuring)
-        from_cache = cached_label(choice, order)
-        equal, result = trial.first_agreeing(order, executable, measuring)
-        if not equal:
-            compiled = self._original_after(compiled, trial)
-            mark_cached(compiled.candidates, from_cache)
-            return compiled, result
-        chosen = equal[0]
-        if measuring:
-            chosen = trial.fastest(equal)
-            remember(choice, settings, trial, chosen)
-        trial.finish(chosen, equal, from_cache)
-        return compiled, result
-
-    def _original_after(self, compiled: SignatureRecord, trial: Trial) -> SignatureRecord:
-        compiled.status = "original: " + trial.why()
-        compiled.candidates = trial.report("original")
-        _warn(self, compiled.status)
-        return compiled
+        trial = JaxTrial(self, module, choice, lowered, executable, record, step, problem)
+        trial.call = call
+        result = trial.run_first_call(record)
+        if is_fallback(record.status):
+            _warn(self, record.status)
+        return record, result
 
 
 def _leaf_key(leaf) -> tuple:

@@ -31,21 +31,16 @@ import jax
 
 from disco_xla.jax_trial import (
     CallArguments,
-    SignatureRecord,
-    Trial,
+    JaxSignatureRecord,
+    JaxTrial,
     agree_on_module,
     donation_note,
-    remember,
     shared_choice,
+    waiting_s,
 )
 from disco_xla.runtime.agreement import gather, process_count
-from disco_xla.wrapped_step import (
-    TIMING_ROUNDS,
-    cached_label,
-    candidate_order,
-    fastest_label,
-    one_line,
-)
+from disco_xla.trial import TIMING_ROUNDS, is_fallback
+from disco_xla.wrapped_step import one_line
 
 if TYPE_CHECKING:
     from disco_xla.jax_api import OptimizedFunction
@@ -66,13 +61,10 @@ class BackgroundTrial:
         self.status = "original: optimising in the background"
         self.plan: Any = None
         self.candidates: dict[str, dict] = {}
-        self.final: SignatureRecord | None = None
+        self.final: JaxSignatureRecord | None = None
         self._first = first  # its `donated` says what the step consumes
         self._calls = 0
-        self._trial: Trial | None = None
-        self._order: dict = {}
-        self._from_cache: str | None = None
-        self._choice: Any = None
+        self._trial: JaxTrial | None = None
         self._failure = ""
         self._data_parallel = True
         self._schedule: list[str] = []  # the programs the next calls run, timed
@@ -117,10 +109,10 @@ class BackgroundTrial:
         except Exception as error:  # noqa: BLE001
             raise RuntimeError(f"could not capture the step: {one_line(error)}") from None
         settings = function._settings
-        wait_s = settings.budget_s + settings.measure_budget_s + 600.0
+        wait_s = waiting_s(settings)
         agree_on_module(function.__name__, module, self.step, wait_s)
-        self._choice = choice = shared_choice(module, settings, self.step, wait_s)
-        record, problem, executable = SignatureRecord("original"), "", None
+        choice = shared_choice(module, settings, self.step, wait_s)
+        record, problem, executable = JaxSignatureRecord("original"), "", None
         record.plan = choice.plan
         try:
             executable = lowered.compile()
@@ -128,12 +120,10 @@ class BackgroundTrial:
             record.out_tree = lowered.out_tree
         except Exception as error:  # noqa: BLE001 - this rank goes on in step with the others
             problem = one_line(error)
-        trial = Trial(function, module, lowered, record, None, self.step, wait_s, problem)
-        trial.simulated_s = dict(choice.candidates.simulated_s)
-        self._order = candidate_order(choice, settings.check_speed)
-        self._from_cache = cached_label(choice, self._order)
+        trial = JaxTrial(function, module, choice, lowered, executable, record, self.step, problem)
         trial.stopping = self._stop.is_set  # at exit: no more compiles
-        trial.build_everything(self._order, executable)
+        if not trial.reuses_original:
+            trial.build_everything()
         self._trial = trial
 
     # -- the training loop's calls ------------------------------------------------
@@ -157,7 +147,13 @@ class BackgroundTrial:
         if not ready:  # a rank's background work failed: all run the original
             return self._give_up(call, self._failure or "another rank could not optimise")
         if not self._data_parallel:
-            self.final = SignatureRecord("not data-parallel")
+            self.final = JaxSignatureRecord("not data-parallel")
+            return call.original(keep_copies=False)
+        if self._trial.reuses_original:  # the plan cache says the original is faster here
+            record = self._trial.record
+            record.status = self._trial.cached_original_status() + donation_note(self._first)
+            record.candidates = self._trial.report("original")
+            self.final = record
             return call.original(keep_copies=False)
         return self._trial_call(call)
 
@@ -176,7 +172,7 @@ class BackgroundTrial:
         return "2" not in answers
 
     def _give_up(self, call: CallArguments, why: str, result: Any = None) -> Any:
-        self.final = SignatureRecord(f"original: {why}" + donation_note(self._first))
+        self.final = JaxSignatureRecord(f"original: {why}" + donation_note(self._first))
         self.final.candidates = self._trial.report("original") if self._trial else {}
         self.function._warn("jit", self.final.status, stacklevel=5, once=True)
         if result is None and call.result is None:
@@ -188,15 +184,16 @@ class BackgroundTrial:
         trial = self._trial
         trial.call = call
         try:
-            equal, result = trial.judge_built(self._order)
+            equal = trial.judge_built()
         except Exception as error:  # noqa: BLE001 - never break training
             return self._give_up(call, one_line(error))
         finally:
             call.release()
+        result = trial.original_result
         if not equal:
             return self._give_up(call, trial.why(), result)
-        if not self.function._settings.check_speed or self._from_cache:
-            self._finish(equal[0], equal)
+        if not self.function._settings.check_speed or trial.from_cache:
+            self._finish(equal[0])
             return result
         labels = ["original", *equal]
         # Each round runs every program once, the order rotating a place a round;
@@ -219,7 +216,7 @@ class BackgroundTrial:
             if label == "original":
                 result = jax.block_until_ready(call.original(keep_copies=False))
             else:
-                record = trial.compiled
+                record = trial.record
                 outputs = trial.programs[label]([call.leaves[i] for i in record.kept])
                 for i in trial.left_to_delete(label):
                     call.leaves[i].delete()
@@ -242,21 +239,17 @@ class BackgroundTrial:
 
     def _decide(self) -> None:
         """Every rank's median times averaged, and the fastest chosen."""
-        trial = self._trial
-        trial.average_over_ranks(
-            {label: statistics.median(times) for label, times in self._times.items()}
-        )
-        chosen = fastest_label(trial.measured_s, self._equal)
-        remember(self._choice, self.function._settings, trial, chosen)
-        self._finish(chosen, self._equal)
+        medians = {label: statistics.median(times) for label, times in self._times.items()}
+        self._finish(self._trial.decide(medians, self._equal))
 
-    def _finish(self, chosen: str, equal: list[str]) -> None:
-        trial = self._trial
-        trial.finish(chosen, equal, self._from_cache)
-        record = trial.compiled
+    def _finish(self, chosen: str) -> None:
+        """Every rank runs `chosen` from the next call (the plan cache keeps a
+        measured choice)."""
+        record = self._trial.record
+        self._trial.finish(record, chosen)
         record.status += donation_note(self._first)
         self.final = record
-        if record.status.startswith("original: ") and chosen != "original":
+        if is_fallback(record.status):
             self.function._warn("jit", record.status, stacklevel=5, once=True)
 
 

@@ -1,15 +1,14 @@
-"""The first-call trial of `disco_xla.jit`: the candidate programs of one
-argument signature built, run on copies of the user's arguments, judged against
-the original (which runs once, last, on the user's own arguments, and may
-consume them), and timed; and the agreement of every rank of a `jax.distributed`
-job on each of those steps, so that all of them run the same program.
+"""The JAX side of a step's trial (`trial.Trial`): the candidate programs of
+one argument signature compiled as JAX executables standing in for the step,
+run on copies of the user's arguments (the original runs once, last, on the
+user's own arguments, and may consume them), judged against the original, and
+timed; and the agreement of every rank of a `jax.distributed` job on each of
+those steps, so that all of them run the same program.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,38 +16,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from disco_xla.runtime.agreement import AgreementError, broadcast, gather
 from disco_xla.settings import OptimizeSettings
-from disco_xla.timing import rotating_median_seconds
-from disco_xla.wrapped_step import TIMING_ROUNDS, fastest_label, one_line, slower_status
+from disco_xla.trial import SignatureRecord, Trial
 
 if TYPE_CHECKING:
     from disco_xla.jax_api import OptimizedFunction
 
 
 @dataclass
-class SignatureRecord:
-    """What one argument signature of a step runs, and what its trial found."""
+class JaxSignatureRecord(SignatureRecord):
+    """A `SignatureRecord` of a JAX step: which argument leaves the program
+    takes, which donated leaves it leaves alive, and its output tree."""
 
-    status: str  # 'optimized', 'not data-parallel', or 'original: <reason>'
-    run: Callable | None = None  # the rewritten program, when status is 'optimized'
     kept: list[int] = field(default_factory=list)
     delete_after: list[int] = field(default_factory=list)  # donated leaves `run` leaves alive
     out_tree: Any = None
-    plan: Any = None
-    timing: tuple[float, float] | None = None  # (original, rewritten) median seconds per step
-    candidates: dict[str, dict] = field(default_factory=dict)  # see WrappedStep.measurements
 
 
-# Timing the candidates of a first call: rounds of every program once.
-TIMING_TARGET_S = 2.0
-MAX_TIMING_ROUNDS = 5 * TIMING_ROUNDS
+def waiting_s(settings: OptimizeSettings) -> float:
+    """How long a rank waits for the others' answers: the search, the
+    measuring and a compile's worth more."""
+    return settings.budget_s + settings.measure_budget_s + 600.0
 
 
 def agree_on_module(name: str, module, step: int, wait_s: float) -> None:
     """Raise AgreementError on every rank unless all captured the same module
     (every rank then runs the original, as the script wrote it)."""
-    from disco_xla.runtime.agreement import AgreementError, gather
-
     fingerprints = gather(f"step{step}/module", module.fingerprint, wait_s)
     if len(set(fingerprints)) > 1:
         raise AgreementError(
@@ -62,7 +56,6 @@ def shared_choice(module, settings: OptimizeSettings, step: int, wait_s: float):
     """Rank 0's `PlanChoice` (from its cache or its search), on every rank."""
     from disco_xla.plan_cache import CandidateRecord
     from disco_xla.planning import PlanChoice, find_plan
-    from disco_xla.runtime.agreement import broadcast
 
     def found() -> str:
         choice = find_plan(module, settings)
@@ -71,28 +64,6 @@ def shared_choice(module, settings: OptimizeSettings, step: int, wait_s: float):
     shared = json.loads(broadcast(f"step{step}/plan", found, wait_s))
     record = CandidateRecord.from_json(shared["record"], f"<plan for {module.name}>")
     return PlanChoice(record.plans["plan"], True, 0.0, record, shared["key"])
-
-
-def mark_cached(report: dict[str, dict], label: str | None) -> None:
-    """Mark the candidate tried only because the plan cache recorded it."""
-    if label is not None and label in report:
-        report[label]["from_cache"] = True
-
-
-def remember(choice, settings: OptimizeSettings, trial: Trial, chosen: str) -> None:
-    """Rank 0 stores the measured choice in its plan cache."""
-    from disco_xla.planning import remember_measurement
-
-    if jax.process_index() == 0 and trial.measured_s:
-        remember_measurement(choice, settings, chosen, trial.measured_s)
-
-
-def timing_rounds(round_s: float, budget_s: float) -> int:
-    """How many rounds to time, when one round (every program once) takes
-    `round_s`: enough to fill about TIMING_TARGET_S, at least TIMING_ROUNDS and
-    at most MAX_TIMING_ROUNDS, and no more than fit `budget_s` (but two)."""
-    wanted = min(MAX_TIMING_ROUNDS, max(TIMING_ROUNDS, int(TIMING_TARGET_S / max(round_s, 1e-9))))
-    return max(2, min(wanted, int(budget_s / max(round_s, 1e-9))))
 
 
 def deleted(leaf) -> bool:
@@ -165,127 +136,52 @@ class CallArguments:
         self._saved = None
 
 
-class Trial:
-    """The candidate programs of one first call, built, run, judged and timed
-    in step on every rank (a program with collectives runs on all ranks or on
-    none)."""
+class JaxTrial(Trial):
+    """The trial of a JAX step's candidates: each rewritten module compiled to
+    stand in for the lowered step (with the input/output aliases of XLA's own
+    compile of it), run on fresh copies of the arguments, in step with every
+    other rank (a program with collectives runs on all ranks or on none). When
+    no candidate computes what JAX's program does, they are judged against the
+    unchanged step compiled from its HLO the way they are (the reference): XLA's
+    HLO-to-StableHLO import alone rounds some values differently from JAX's own
+    compile, which Adam amplifies where a gradient is 0 in exact arithmetic."""
 
-    def __init__(self, function, module, lowered, compiled, call, step, wait_s, problem):
-        self.function, self.module, self.lowered, self.compiled = (
-            function,
-            module,
-            lowered,
-            compiled,
-        )
-        self.call, self.step, self.wait_s = call, step, wait_s
-        self.plans: dict[str, tuple[Any, bool]] = {}  # label -> (plan, fusion), as built
-        self.fingerprints: dict[str, str] = {}  # label -> its rewritten module's fingerprint
-        self.simulated_s: dict[str, float] = {}
-        self.original_result: Any = None
-        self.programs: dict[str, Any] = {}
-        self.outputs: dict[str, Any] = {}
-        self.verdicts: dict[str, bool] = {}
-        self.same_as: dict[str, str] = {}
-        self.measured_s: dict[str, float] = {}
-        self.peak_bytes: dict[str, int] = {}  # label -> XLA's peak buffer bytes per device
+    uses_reference = True
+
+    def __init__(
+        self,
+        function: OptimizedFunction,
+        module,
+        choice,
+        lowered,
+        executable,
+        record: JaxSignatureRecord,
+        step: int,
+        problem: str = "",
+    ):
+        super().__init__(module, choice, function._settings, problem)
+        self.function, self.lowered, self.executable = function, lowered, executable
+        self.record, self.step = record, step
+        self.wait_s = waiting_s(function._settings)
+        self.call: CallArguments | None = None  # the call the programs run on
         self.deleted_by: dict[str, set[int]] = {}  # label -> the argument leaves it consumed
-        self.built: dict[str, Any] = {}  # label -> program, built ahead (`build_everything`)
-        self.errors: dict[str, str] = {}  # label -> why its program was not built
-        self.stopping: Callable[[], bool] = lambda: False  # True: build nothing more
-        self.against = "original"
-        self.problems: list[str] = [problem] if problem else []
+        self.can_build = executable is not None
 
-    def first_agreeing(self, order: dict, executable, all_at_once: bool) -> tuple[list[str], Any]:
-        """The labels of `order` whose programs every rank finds equal to the
-        original (else to the reference), in order, and the original's result.
-        With `all_at_once` every candidate is built and judged; otherwise one
-        after the other until one agrees."""
-        batches = [order] if all_at_once else [{label: order[label]} for label in order]
-        result, equal = None, []
-        for number, batch in enumerate(batches):
-            self.build_and_run(batch, executable)
-            if number == 0:
-                result = self.call.original()  # on the user's arguments: after ours
-                self.original_result = result
-            equal = self._agreeing(list(batch), result)
-            if equal:
-                return equal, result
-        self.build_and_run({"reference": (None, False)}, executable)
-        return self._equal_to_reference(order), result
+    def _gather(self, topic: str, value: str) -> list[str]:
+        return gather(f"step{self.step}/{topic}", value, self.wait_s)
 
-    def _equal_to_reference(self, order: dict) -> list[str]:
-        """The labels of `order` that ran and that every rank finds equal to the
-        reference, which has run (none agreed with the original)."""
-        self.against = "reference"
-        return self._agreeing([label for label in order if label in self.outputs], "reference")
+    def _broadcast(self, topic: str, make) -> str:
+        return broadcast(f"step{self.step}/{topic}", make, self.wait_s)
 
-    def build_and_run(self, candidates: dict[str, tuple[Any, bool]], executable) -> None:
-        """Build each candidate's program (label -> (plan, fusion); the plan None
-        for the unchanged module), and run those every rank built, once."""
-        self.run(self.build(candidates, executable))
+    def _records_choices(self) -> bool:
+        return jax.process_index() == 0
 
-    def build_everything(self, order: dict[str, tuple[Any, bool]], executable) -> None:
-        """Build every candidate of `order` and the reference (`built`): what a
-        background trial does before `judge_built` runs them."""
-        self.built = self.build(order, executable)
-        self.built.update(self.build({"reference": (None, False)}, executable))
-
-    def judge_built(self, order: dict) -> tuple[list[str], Any]:
-        """Run every program `build_everything` built, then the original on the
-        user's arguments; as `first_agreeing`, the labels of `order` every rank
-        finds equal to the original (else to the reference), and its result."""
-        self.run({label: p for label, p in self.built.items() if label != "reference"})
-        result = self.call.original()
-        self.original_result = result
-        equal = self._agreeing(list(order), result)
-        if equal or "reference" not in self.built:
-            return equal, result
-        self.run({"reference": self.built["reference"]})
-        return self._equal_to_reference(order), result
-
-    def build(self, candidates: dict[str, tuple[Any, bool]], executable) -> dict[str, Any]:
-        """The programs of `candidates` that every rank built, by label."""
-        from disco_xla.runtime.agreement import gather
-
-        built = {}
-        for label, (plan, fusion) in candidates.items():
-            if executable is None or self.stopping():
-                continue
-            try:
-                program = self._build(label, plan, fusion, executable)
-            except Exception as error:  # noqa: BLE001
-                self.problems.append(f"{label}: {one_line(error)}")
-                self.errors[label] = one_line(error)
-                continue
-            if program is not None:
-                built[label] = program
-        # Run only what every rank built.
-        topic = f"step{self.step}/built/{','.join(candidates)}"
-        answers = gather(topic, ",".join(built), self.wait_s)
-        everywhere = set.intersection(*(set(a.split(",")) - {""} for a in answers))
-        if len(everywhere) < len(built) and len(answers) > 1:
-            self.problems.append("another rank could not build every program")
-        return {label: built[label] for label in candidates if label in everywhere}
-
-    def run(self, built: dict[str, Any]) -> None:
-        """Run each built program once on fresh copies of the arguments."""
-        for label in built:
-            try:
-                fresh = self.call.fresh_leaves()
-                # Waited for: in-process collectives dispatched back to back can
-                # deadlock on a few cores (README).
-                self.outputs[label] = jax.block_until_ready(
-                    built[label]([fresh[i] for i in self.compiled.kept])
-                )
-                self.programs[label] = built[label]
-                self.deleted_by[label] = {i for i, leaf in enumerate(fresh) if deleted(leaf)}
-            except Exception as error:  # noqa: BLE001
-                self.problems.append(f"{label} failed: {one_line(error)}")
-
-    def _build(self, label: str, plan, fusion: bool, executable):
-        """The program of one candidate, or None when it rewrites the module
-        to the same program as a candidate built before it."""
+    def _rewritten(self, plan, fusion: bool):
         from disco_xla.planning import rewrite
+
+        return rewrite(self.module, plan, fusion, check=False)
+
+    def _compile(self, label: str, module, plan):
         from disco_xla.runtime.apply import NO_COMBINER, check_all_reduces
         from disco_xla.runtime.jax_program import (
             check_memory,
@@ -294,13 +190,8 @@ class Trial:
             with_aliases_of,
         )
 
-        target = self.module if plan is None else rewrite(self.module, plan, fusion, check=False)
-        if plan is not None:
-            for other, fingerprint in self.fingerprints.items():
-                if fingerprint == target.fingerprint:
-                    self.same_as[label] = other
-                    return None
-        aliased = with_aliases_of(target, executable)
+        executable = self.executable
+        aliased = with_aliases_of(module, executable)
         program = standing_in_for(aliased, self.lowered, executable, NO_COMBINER)
         original_stats, stats = executable.memory_analysis(), program.memory_stats()
         self.peak_bytes.setdefault("original", peak_bytes(original_stats))
@@ -308,43 +199,47 @@ class Trial:
         check_memory(original_stats, stats)
         if plan is not None:
             check_all_reduces(self.module, plan, program.compiled_module())
-            self.fingerprints[label] = target.fingerprint
-            self.plans[label] = (plan, fusion)
         return program
 
-    def _judge(self, label: str, against) -> bool:
-        if label not in self.outputs:
-            return False
+    def _run(self, label: str, program):
+        fresh = self.call.fresh_leaves()
+        # Waited for: in-process collectives dispatched back to back can
+        # deadlock on a few cores (README).
+        outputs = jax.block_until_ready(program([fresh[i] for i in self.record.kept]))
+        self.deleted_by[label] = {i for i, leaf in enumerate(fresh) if deleted(leaf)}
+        return outputs
+
+    def _run_original(self):
+        # Copies of the arguments are saved first when programs run after it.
+        result = self.call.original(keep_copies=bool(self.order))
+        return result, result
+
+    def _compare(self, expected, outputs):
+        from disco_xla.runtime.apply import compare_outputs
+
+        return compare_outputs(_local(jax.tree_util.tree_leaves(expected)), _local(list(outputs)))
+
+    def _refusal(self, label: str) -> str:
         if self.deleted_by[label] - self.donated():
-            self.problems.append(f"{label}: it consumes arguments that the original keeps")
-            return False
-        expected = self.outputs.get(against) if isinstance(against, str) else against
-        if expected is None:
-            return False
-        if isinstance(against, str):
-            expected = list(expected)
-        why = _difference(expected, self.outputs[label])
-        if why:
-            self.problems.append(f"{label}: {why}")
-        return not why
+            return "it consumes arguments that the original keeps"
+        return ""
 
-    def _agreeing(self, labels: list[str], against) -> list[str]:
-        """Those of `labels` whose outputs every rank finds equal to `against`
-        (the original's result, or a label's outputs)."""
-        from disco_xla.runtime.agreement import gather
+    def _differing(self, label: str) -> str:
+        return _differing_from(self.original_result, self.outputs[label])
 
-        local = [self._judge(label, against) for label in labels]
-        topic = "original" if not isinstance(against, str) else against
-        answers = gather(
-            f"step{self.step}/verdict/{topic}/{','.join(labels)}",
-            "".join("1" if ok else "0" for ok in local),
-            self.wait_s,
-        )
-        agreed = [all(answer[i] == "1" for answer in answers) for i in range(len(labels))]
-        for label, ok in zip(labels, agreed, strict=True):
-            if label in self.outputs:
-                self.verdicts[label] = ok
-        return [label for label, ok in zip(labels, agreed, strict=True) if ok]
+    def _timed_calls(self, labels: list[str]):
+        kept = self.record.kept
+        calls = {"original": lambda leaves: jax.block_until_ready(self.call.original_on(leaves))}
+        for label in labels:
+            program = self.programs[label]
+            calls[label] = lambda leaves, program=program: jax.block_until_ready(
+                program([leaves[i] for i in kept])
+            )
+        return calls, self.call.fresh_leaves
+
+    def _install(self, record, chosen: str) -> None:
+        record.run = self.programs[chosen]
+        record.delete_after = self.left_to_delete(chosen)
 
     def donated(self) -> set[int]:
         """The argument leaves the original consumed."""
@@ -355,140 +250,6 @@ class Trial:
         not (a donated argument XLA could not alias): deleted after each run,
         so the user's loop sees JAX's own behaviour."""
         return sorted(self.donated() - self.deleted_by.get(label, set()))
-
-    def fastest(self, labels: list[str]) -> str:
-        """Time the original and the `labels`' programs, called as the user
-        calls them, in rotating rounds (as many as `TIMING_ROUNDS` and rank 0's
-        estimate of the measuring budget allow; averaged over the ranks, so all
-        decide alike). Returns the fastest label, or 'original' when none is
-        strictly faster than the original (`slower_status`)."""
-        from disco_xla.runtime.agreement import broadcast
-
-        kept, on_copies = self.compiled.kept, self.call.fresh_leaves
-        calls = {"original": lambda leaves: jax.block_until_ready(self.call.original_on(leaves))}
-        for label in labels:
-            program = self.programs[label]
-            calls[label] = lambda leaves, program=program: jax.block_until_ready(
-                program([leaves[i] for i in kept])
-            )
-        started = time.perf_counter()
-        for run in calls.values():
-            run(on_copies())  # untimed: what the first runs set up is not measured
-        round_s = time.perf_counter() - started
-        budget_s = self.function._settings.measure_budget_s
-        rounds = int(
-            broadcast(
-                f"step{self.step}/timing/rounds",
-                lambda: str(timing_rounds(round_s, budget_s)),
-                self.wait_s,
-            )
-        )
-        self.average_over_ranks(rotating_median_seconds(calls, rounds, prepare=on_copies))
-        return fastest_label(self.measured_s, labels)
-
-    def average_over_ranks(self, local_s: dict[str, float]) -> None:
-        """`measured_s`: each program's time on this rank, averaged over the
-        ranks (so that all of them reach one verdict)."""
-        from disco_xla.runtime.agreement import gather
-
-        answers = gather(f"step{self.step}/timing", json.dumps(local_s), self.wait_s)
-        every = [json.loads(answer) for answer in answers]
-        self.measured_s = {label: sum(a[label] for a in every) / len(every) for label in local_s}
-
-    def finish(self, chosen: str, equal: list[str], from_cache: str | None) -> None:
-        """Fill the signature's record for running `chosen`, one of the `equal`
-        labels or 'original' (when every equal one was slower)."""
-        record = self.compiled
-        if chosen == "original":
-            record.status = self.original_status(equal)
-        else:
-            record.status = self.status_of(chosen)
-            record.run = self.programs[chosen]
-            record.delete_after = self.left_to_delete(chosen)
-            record.plan = self.plans[chosen][0]
-        record.candidates = self.report(chosen)
-        mark_cached(record.candidates, from_cache)
-        record.timing = self.timing_of(chosen)
-
-    def timing_of(self, chosen: str) -> tuple[float, float] | None:
-        """(original, chosen) median seconds per step, when they were timed."""
-        if chosen == "original" or chosen not in self.measured_s:
-            return None
-        return self.measured_s["original"], self.measured_s[chosen]
-
-    def status_of(self, label: str) -> str:
-        """The status of a signature that runs the `label` candidate."""
-        # Timed and the plan not refused (it may not have been tried: a cached
-        # measurement chose the buckets alone).
-        won_on_time = self.verdicts.get("plan") is not False and "buckets" in self.measured_s
-        described = {
-            "plan": "",
-            "buckets": "buckets only: "
-            + ("measured fastest" if won_on_time else "the plan's fusion changed results"),
-        }.get(label, f"{label}, measured fastest")
-        differing = ""
-        if self.against == "reference":
-            described += (", " if described else "") + "equal to the step compiled from HLO"
-            differing = _differing_from(self.original_result, self.outputs[label])
-        return (f"optimized ({described})" if described else "optimized") + differing
-
-    def original_status(self, equal: list[str]) -> str:
-        """The status when every agreeing candidate was slower than the original."""
-        best = min(equal, key=lambda label: self.measured_s[label])
-        return slower_status(
-            self.measured_s["original"], self.measured_s[best], self.status_of(best)
-        ) or ("original: " + self.why())
-
-    def report(self, chosen: str) -> dict[str, dict]:
-        """`measurements()`' entry for this signature."""
-        entries: dict[str, dict] = {}
-        refused = [label for label in self.errors if label != "reference"]
-        for label in dict.fromkeys((*self.plans, *self.same_as, *refused)):
-            entry: dict = {}
-            if label in self.errors:
-                entry["error"] = self.errors[label]
-            if label in self.simulated_s:
-                entry["simulated_s"] = self.simulated_s[label]
-            if label in self.same_as:
-                entry["same_as"] = self.same_as[label]
-            elif label in self.verdicts:
-                entry["equal"] = self.verdicts[label]
-            if label in self.measured_s:
-                entry["measured_s"] = self.measured_s[label]
-            if label in self.peak_bytes:
-                entry["peak_bytes"] = self.peak_bytes[label]
-            entry["chosen"] = label == chosen
-            entries[label] = entry
-        original = entries.setdefault("original", {})
-        if "original" in self.simulated_s:  # XLA's own program, as the simulator sees it
-            original["simulated_s"] = self.simulated_s["original"]
-        if "original" in self.measured_s:
-            original["measured_s"] = self.measured_s["original"]
-        if "original" in self.peak_bytes:
-            original["peak_bytes"] = self.peak_bytes["original"]
-        original["chosen"] = chosen == "original"
-        return entries
-
-    def why(self) -> str:
-        return "; ".join(dict.fromkeys(self.problems)) or "no program agreed with the original"
-
-
-def _difference(original_result: Any, rewritten_outputs: list) -> str:
-    """Why the rewritten outputs do not count as equal to the original's ('' if they do)."""
-    from disco_xla.runtime.apply import compare_outputs
-
-    try:
-        verdict = compare_outputs(
-            _local(jax.tree_util.tree_leaves(original_result)), _local(rewritten_outputs)
-        )
-    except Exception as error:  # noqa: BLE001
-        return "could not compare the outputs: " + one_line(error)
-    if verdict.equal:
-        return ""
-    return (
-        "the rewritten program's outputs differ from the original's (max relative "
-        f"difference {verdict.max_rel_diff:.3g})"
-    )
 
 
 def _differing_from(original_result: Any, rewritten_outputs: list) -> str:

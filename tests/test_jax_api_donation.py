@@ -111,7 +111,7 @@ FAILURES = {
     "search": ("disco_xla.planning", "find_plan", "injected failure"),
     "rewrite": ("disco_xla.planning", "rewrite", "injected failure"),
     # After the original has run on (and consumed) the user's arguments:
-    "timing": ("disco_xla.jax_trial", "rotating_median_seconds", "injected failure"),
+    "timing": ("disco_xla.trial", "rotating_median_seconds", "injected failure"),
 }
 
 
@@ -166,7 +166,7 @@ def _train_steps(step, mesh, steps: int, after_second=None) -> dict:
 def test_in_the_background_the_original_runs_until_every_program_is_built_and_judged(
     check_speed, mesh, tmp_path
 ):
-    from disco_xla.wrapped_step import TIMING_ROUNDS
+    from disco_xla.trial import TIMING_ROUNDS
 
     optimized = disco_xla.jit(
         _update,

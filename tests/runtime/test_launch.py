@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 
 from disco_xla.jax_background import READY_CHECK_EVERY
-from disco_xla.wrapped_step import TIMING_ROUNDS
+from disco_xla.trial import TIMING_ROUNDS
 from tests.conftest import run_cli
 
 _STEP = """
