@@ -32,6 +32,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src.array import ArrayImpl
 
 from disco_xla.jax_background import BackgroundTrial
 from disco_xla.jax_trial import (
@@ -62,6 +63,13 @@ class OptimizedFunction(WrappedStep):
     def __init__(self, lowerable: Any, settings: OptimizeSettings, static: tuple = ((), ())):
         super().__init__(lowerable, settings)
         self._static_positions, self._static_names = static
+        # Each call's quick key (shardings as they are) -> its `_Signature`
+        # (shardings as layouts, `_leaf_key`), one object per signature: the
+        # quick key costs half as much, and the records' table then finds its
+        # key by identity (comparing a tree structure calls Python code, e.g.
+        # Flax NNX's graph definitions', once per call is enough).
+        self._signature_of: dict[tuple, _Signature] = {}
+        self._signatures: dict[_Signature, _Signature] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -77,7 +85,7 @@ class OptimizedFunction(WrappedStep):
             self._by_signature[signature] = JaxSignatureRecord(CALLED_ONCE)
             return self._original(*args, **kwargs)
         if compiled is None or compiled.status == CALLED_ONCE:
-            call = CallArguments(self, args, kwargs, leaves, signature[0])
+            call = CallArguments(self, args, kwargs, leaves, signature.tree)
             if self._settings.background:
                 compiled, result = self._start_in_background(call)
             else:
@@ -85,7 +93,7 @@ class OptimizedFunction(WrappedStep):
             self._by_signature[signature] = compiled
             return result
         if isinstance(compiled, BackgroundTrial):
-            result = compiled.on_call(CallArguments(self, args, kwargs, leaves, signature[0]))
+            result = compiled.on_call(CallArguments(self, args, kwargs, leaves, signature.tree))
             if compiled.final is not None:
                 self._by_signature[signature] = compiled.final
             return result
@@ -148,9 +156,14 @@ class OptimizedFunction(WrappedStep):
         static = tuple(args[i] for i in self._static_positions if i < len(args)) + tuple(
             sorted((k, v) for k, v in kwargs.items() if k in self._static_names)
         )
-        keys = tuple(map(_leaf_key, leaves))
-        signature = (tree, keys, static)
-        hash(signature)
+        quick = (tree, tuple(map(_quick_leaf_key, leaves)), static)
+        signature = self._signature_of.get(quick)
+        if signature is None:
+            found = _Signature((tree, tuple(map(_leaf_key, leaves)), static))
+            signature = self._signatures.setdefault(found, found)
+            if len(self._signature_of) >= _MAX_QUICK_KEYS:
+                self._signature_of.clear()
+            self._signature_of[quick] = signature
         return leaves, signature
 
     def _first_call(self, call: CallArguments) -> tuple[JaxSignatureRecord, Any]:
@@ -215,6 +228,37 @@ class OptimizedFunction(WrappedStep):
         if is_fallback(record.status):
             _warn(self, record.status)
         return record, result
+
+
+_MAX_QUICK_KEYS = 4096
+
+
+class _Signature:
+    """What decides a step's program: its arguments' tree structure, each
+    leaf's `_leaf_key`, and the static arguments (`key`); hashed once."""
+
+    __slots__ = ("key", "_hash")
+
+    def __init__(self, key: tuple):
+        self.key, self._hash = key, hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Signature) and self.key == other.key
+
+    @property
+    def tree(self):
+        return self.key[0]
+
+
+def _quick_leaf_key(leaf) -> tuple:
+    """A device array's shape, dtype, weak type and sharding object (a
+    sharding's hash is kept, its layout is not: `_leaf_key` makes that)."""
+    if type(leaf) is ArrayImpl:
+        return (leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding)
+    return _leaf_key(leaf)
 
 
 def _leaf_key(leaf) -> tuple:
