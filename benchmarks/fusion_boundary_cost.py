@@ -84,7 +84,7 @@ def keras_step(name: str):
 
 def captured(name: str):
     """The model's step as our IR, calls inlined as the planner sees it."""
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
     from disco_xla.planning import prepared
 
     if name.startswith("tf:"):
@@ -204,8 +204,8 @@ def measure(name: str, rounds: int, trace: bool, variants=VARIANTS) -> dict:
 def _outline_every(module, plan, keep):
     """`module` with each group of `plan` that `keep` accepts outlined into a call
     (library ops too: the outliner itself, below `plan.departing_groups`' rule)."""
+    from disco_xla.hlo.graph import HloModule
     from disco_xla.hlo_passes import fusion_boundaries
-    from disco_xla.hlo_passes.graph import HloModule
 
     copy = HloModule.from_bytes(module.to_bytes(), f"{module.name} outlined")
     fusion_boundaries.OutlineFusionGroups([g for g in plan.fusion_groups if keep(g)]).run(copy)

@@ -28,9 +28,9 @@ BLOCK = ("dot", "add", "tanh", "all-reduce", "multiply")
 
 def generate_module(instructions: int) -> bytes:
     """A valid HloModuleProto with about `instructions` instructions."""
-    from disco_xla.hlo_passes.edit import add_scalar_reducer
-    from disco_xla.hlo_passes.hlo_schema import HloModuleProto
-    from disco_xla.hlo_passes.shapes import TUPLE_TYPE
+    from disco_xla.hlo.edit import add_scalar_reducer
+    from disco_xla.hlo.hlo_schema import HloModuleProto
+    from disco_xla.hlo.shapes import TUPLE_TYPE
 
     module = HloModuleProto(name="scale_test", id=1)
     reducer_id = add_scalar_reducer(module, F32)
@@ -87,8 +87,8 @@ def generate_module(instructions: int) -> bytes:
 
 def measure_load(path: str) -> dict:
     """Run in a fresh process: time parse and graph build, and the memory added."""
-    from disco_xla.hlo_passes.graph import HloModule
-    from disco_xla.hlo_passes.hlo_schema import HloModuleProto
+    from disco_xla.hlo.graph import HloModule
+    from disco_xla.hlo.hlo_schema import HloModuleProto
 
     baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with open(path, "rb") as file:

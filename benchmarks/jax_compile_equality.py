@@ -41,8 +41,8 @@ def main() -> None:
     from jax._src.interpreters import mlir, pxla
     from jax._src.lib import _jax, xla_client
 
-    from disco_xla.hlo_passes.graph import HloModule
-    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.hlo.graph import HloModule
+    from disco_xla.hlo.hlo_io import load_module
     from disco_xla.runtime.apply import compare_outputs
     from disco_xla.runtime.jax_program import kept_arguments
     from disco_xla.zoo.jax_steps import build_jax_step

@@ -164,7 +164,7 @@ def _time_paired(
 
 def _predictions(lowered, plan, cluster: str, cost_model_name: str) -> dict:
     """Simulated iteration time of the three plans over the captured module."""
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
     from disco_xla.planning import prepared
     from disco_xla.runtime.apply import NO_COMBINER
     from disco_xla.runtime.xla_runner import compile_module

@@ -24,7 +24,7 @@ def rows_on_processes(
 ) -> list[dict]:
     """Capture every model here, run `script --worker DIR --models ... *forwarded`
     on `processes` ranks, and return the rows rank 0 wrote."""
-    from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.hlo.hlo_io import save_module
     from disco_xla.runtime.launch import launch
 
     with tempfile.TemporaryDirectory() as directory:
@@ -43,7 +43,7 @@ def worker_rows(directory: str, models: list[str], measure: Callable[[str, objec
     writes the rows to DIR/rows.json."""
     import jax
 
-    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.hlo.hlo_io import load_module
 
     rows = [
         measure(name, load_module(os.path.join(directory, f"{index}.hlo.pb")))

@@ -40,7 +40,7 @@ def _outline_function(path: str | None):
 
 
 def measure(name: str, repeats: int, outline) -> dict:
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
     from disco_xla.planning import OptimizeSettings, find_plan
     from disco_xla.zoo.tf_steps import build_tf_step
 

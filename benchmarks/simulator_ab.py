@@ -57,7 +57,7 @@ def load_file(name: str, path: str, replacing: dict[str, object] | None = None):
 
 def full_simulation(before, rounds: int, kernels: int) -> None:
     from benchmarks.ir_scale import generate_module
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
     from disco_xla.plan import Plan
     from disco_xla.simulator import events as after
     from disco_xla.simulator.cost_models import RooflineCostModel

@@ -37,7 +37,7 @@ from benchmarks import zoo_cache  # noqa: E402
 
 def fifty_thousand_kernels(kernels: int) -> None:
     from benchmarks.ir_scale import generate_module
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
     from disco_xla.plan import Plan
     from disco_xla.simulator.cost_models import RooflineCostModel
     from disco_xla.simulator.events import simulate

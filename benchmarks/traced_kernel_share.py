@@ -29,7 +29,7 @@ def main() -> int:
 
     import jax
 
-    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.hlo.hlo_io import load_module
 
     counts = load_module(args.modules[0]).device_counts()
     jax.config.update("jax_num_cpu_devices", counts["num_replicas"] * counts["num_partitions"])

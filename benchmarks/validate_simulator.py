@@ -70,7 +70,7 @@ LAG, LAG_NONE = "probe:all-reduces-more-kernels", "probe:no-all-reduces-more-ker
 
 
 def _executable_module(executable):
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
 
     data = executable.runtime_executable().hlo_modules()[0].as_serialized_hlo_module_proto()
     return HloModule.from_bytes(data, "<compiled>")
@@ -104,7 +104,7 @@ def _programs(step, arguments):
     """{plan: (run, compiled module)} of one step."""
     import jax
 
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
     from disco_xla.planning import prepared
     from disco_xla.runtime.apply import ALL_REDUCE_COMBINER, NO_COMBINER, apply_plan
     from disco_xla.runtime.jax_program import kept_arguments, standing_in_for

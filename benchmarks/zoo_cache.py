@@ -25,7 +25,7 @@ def use_devices(count: int) -> None:
 
 def captured_and_compiled(model: str, replicas: int = 8, directory: str = CACHE_DIR):
     """(captured module, compiled module, seconds spent capturing and compiling now)."""
-    from disco_xla.hlo_passes.hlo_io import load_module, save_module
+    from disco_xla.hlo.hlo_io import load_module, save_module
 
     os.makedirs(directory, exist_ok=True)
     per_replica = IMAGES_PER_REPLICA if model in CNNS else SEQUENCES_PER_REPLICA

@@ -12,8 +12,8 @@ is set (see `disco_xla.env_hook`).
 
 from disco_xla.capture import capture_jax, capture_tf
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.hlo_io import load_module, save_module
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.hlo_io import load_module, save_module
 from disco_xla.plan import Plan
 from disco_xla.search import optimize
 from disco_xla.wrapped_step import DiscoFallbackWarning

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 
 
 def capture_jax(fn: Callable, *args: Any, **kwargs: Any) -> HloModule:

@@ -115,7 +115,7 @@ def main() -> int:
 
     jax.config.update("jax_num_cpu_devices", DEVICES)
     from disco_xla import capture_jax, load_module, save_module
-    from disco_xla.hlo_passes.summary import format_summary, summarize
+    from disco_xla.hlo.summary import format_summary, summarize
 
     step, args, parameter_tensors = build_step()
     print(f"1. capturing a pmap'd MLP training step on {DEVICES} CPU devices ...")
@@ -219,7 +219,7 @@ def _apply(module, profile, comparison, plan_path: str):
     """Step 3: the plan applied as `disco-xla optimize -o` applies it, each
     program's simulated time beside its measured one; the
     `planning.checked_rewrite` result."""
-    from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.hlo.hlo_io import save_module
     from disco_xla.plan import departing_groups
     from disco_xla.planning import checked_rewrite, xla_own_groups
 

@@ -15,7 +15,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import (
+from disco_xla.hlo.graph import (
     COLLECTIVE_DONE_OPCODES,
     COLLECTIVE_OPCODES,
     HloModule,

@@ -10,7 +10,7 @@ import html
 import os
 import tempfile
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.simulator.events import SimulationResult
 from disco_xla.simulator.profiles import ClusterProfile

@@ -143,7 +143,7 @@ class TfFunction(WrappedStep):
     def _capture(self, args, kwargs):
         """The step's module for these arguments. Defaults are bound first:
         `experimental_get_compiler_ir` does not apply them itself (TF 2.21)."""
-        from disco_xla.hlo_passes.graph import HloModule
+        from disco_xla.hlo.graph import HloModule
 
         bound = bound_arguments(self._original, args, kwargs)
         data = self._original.experimental_get_compiler_ir(*bound.args, **bound.kwargs)(

@@ -41,7 +41,7 @@ def assert_round_trip_is_lossless(raw: bytes) -> None:
     """Our parse and re-serialise gives the same HLO text and StableHLO as XLA's bytes."""
     from jax._src.lib import _jax, xla_client
 
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
 
     again = HloModule.from_bytes(raw, "round-trip").to_bytes()
     assert xla_client.XlaComputation(again).as_hlo_text() == (

@@ -45,7 +45,7 @@ _OPCODES = [
 
 def mutate_structure(data: bytes, rng: random.Random) -> bytes:
     """Parse a module and corrupt its graph: ids, roots, calls, opcodes, shapes."""
-    from disco_xla.hlo_passes.hlo_schema import HloModuleProto
+    from disco_xla.hlo.hlo_schema import HloModuleProto
 
     module = HloModuleProto.FromString(data)
     computation_ids = [c.id for c in module.computations]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from disco_xla import load_module
-from disco_xla.hlo_passes.hlo_io import module_to_text
+from disco_xla.hlo.hlo_io import module_to_text
 from tests.fuzz_inputs import mutate_bytes, mutate_structure, mutate_text
 
 CASES_PER_KIND = 500

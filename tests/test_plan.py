@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from disco_xla import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.hlo_io import module_from_text
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.plan import Plan, compute_instructions, verify_plan
 
 

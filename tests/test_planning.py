@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.planning import measured_alternatives
 from disco_xla.search.backtracking import greedy_fusion_plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.profiling.kernel_times import kernel_time_table, profile_kernel_times
 from disco_xla.runtime.apply import NO_COMBINER

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import disco_xla
-from disco_xla.hlo_passes.hlo_io import load_module, save_module
+from disco_xla.hlo.hlo_io import load_module, save_module
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.search.baselines import BASELINES
 from disco_xla.zoo.jax_steps import build_jax_step

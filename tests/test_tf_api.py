@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.jax_api import DiscoFallbackWarning
 from disco_xla.plan import departing_groups
 from disco_xla.plan_cache import PlanCache

@@ -60,7 +60,7 @@ def write_checked(
     (unless `save` is False: then only its measurements are wanted). With the
     search's `comparison`, its next best plans and the best baseline are
     measured beside the plan (--candidates)."""
-    from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.hlo.hlo_io import save_module
     from disco_xla.planning import checked_rewrite, measured_alternatives
 
     if args.rounds < 1:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     # The capture runs on this many host CPU devices; no GPU, weights or data needed.
     jax.config.update("jax_num_cpu_devices", args.replicas)
-    from disco_xla.hlo_passes.hlo_io import save_module
+    from disco_xla.hlo.hlo_io import save_module
     from disco_xla.progress import StageProgress
     from disco_xla.zoo import capture_model
 

@@ -18,7 +18,7 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.hlo_passes.hlo_io import load_module, save_module
+    from disco_xla.hlo.hlo_io import load_module, save_module
 
     module = load_module(args.input, args.module)
     save_module(module, args.output)

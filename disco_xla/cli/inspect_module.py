@@ -19,8 +19,8 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.hlo_passes.hlo_io import load_module
-    from disco_xla.hlo_passes.summary import format_summary, summarize
+    from disco_xla.hlo.hlo_io import load_module
+    from disco_xla.hlo.summary import format_summary, summarize
 
     summary = summarize(load_module(args.file, args.module))
     print(json.dumps(summary) if args.json else format_summary(summary))

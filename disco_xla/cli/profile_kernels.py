@@ -45,7 +45,7 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.plans < 1 or args.repeats < 1:
         raise DiscoInputError("profile", "--plans and --repeats must be at least 1")
-    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.hlo.hlo_io import load_module
     from disco_xla.runtime.xla_runner import devices_needed, platform_devices
 
     if args.learn:

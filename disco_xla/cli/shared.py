@@ -24,7 +24,7 @@ def load_for_planning(path: str):
     """The module at `path` as plans are made for it: a module that XLA's SPMD
     partitioner splits (a sharded `jax.jit` step dumped before optimisation)
     is partitioned first, by XLA, since its all-reduces exist only after that."""
-    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.hlo.hlo_io import load_module
 
     module = load_module(path)
     if not module.needs_partitioning:

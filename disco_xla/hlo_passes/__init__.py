@@ -1,1 +1,2 @@
-"""The IR (HloModuleProto I/O and the graph view) and the rewrite passes over it."""
+"""The rewrite passes over the IR (`disco_xla.hlo`), each a small unit with one
+job (`pass_interface`)."""

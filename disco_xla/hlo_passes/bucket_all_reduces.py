@@ -33,10 +33,10 @@ import math
 from collections.abc import Sequence
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes import edit
-from disco_xla.hlo_passes.graph import Computation, HloModule, Instruction
-from disco_xla.hlo_passes.hlo_schema import ShapeProto
-from disco_xla.hlo_passes.shapes import F32_TYPE
+from disco_xla.hlo import edit
+from disco_xla.hlo.graph import Computation, HloModule, Instruction
+from disco_xla.hlo.hlo_schema import ShapeProto
+from disco_xla.hlo.shapes import F32_TYPE
 
 GROUP_FIELDS = (
     "collective_device_list",

@@ -2,7 +2,7 @@
 
 A group is outlined into its own computation, called through a `call` marked
 `inlineable="false"`: XLA keeps the call, so it cannot fuse across the group's
-edge, and it still fuses freely inside (design notes §2). The group's values used
+edge, and it still fuses freely inside. The group's values used
 outside come back through a tuple; their users read them through
 get-tuple-element.
 
@@ -45,10 +45,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from disco_xla.hlo_passes import edit
-from disco_xla.hlo_passes.flops import ELEMENTWISE_OPCODES
-from disco_xla.hlo_passes.graph import Computation, HloModule, Instruction
-from disco_xla.hlo_passes.shapes import TUPLE_TYPE
+from disco_xla.hlo import edit
+from disco_xla.hlo.flops import ELEMENTWISE_OPCODES
+from disco_xla.hlo.graph import Computation, HloModule, Instruction
+from disco_xla.hlo.shapes import TUPLE_TYPE
 
 GROUP_MARK = "disco_xla.kernel"
 # Opcodes whose result is a constant when their operands are constants.

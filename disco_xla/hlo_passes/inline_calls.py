@@ -12,8 +12,8 @@ Computations no longer called are removed.
 
 from __future__ import annotations
 
-from disco_xla.hlo_passes import edit
-from disco_xla.hlo_passes.graph import HloModule, Instruction
+from disco_xla.hlo import edit
+from disco_xla.hlo.graph import HloModule, Instruction
 
 
 class InlineCalls:

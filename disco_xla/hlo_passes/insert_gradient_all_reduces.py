@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes import edit
-from disco_xla.hlo_passes.gradients import GRADIENT_MARK
-from disco_xla.hlo_passes.graph import HloModule, Instruction
-from disco_xla.hlo_passes.shapes import F32_TYPE
+from disco_xla.hlo import edit
+from disco_xla.hlo.gradients import GRADIENT_MARK
+from disco_xla.hlo.graph import HloModule, Instruction
+from disco_xla.hlo.shapes import F32_TYPE
 
 _LINEAR_VIEWS = frozenset({"reshape", "bitcast", "copy", "transpose", "convert"})
 _SOURCES = frozenset({"parameter", "constant", "iota"})

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 
 # Checks a module after a pass changed it; raises if the module is not sound.
 # Called with the module and the pass's name.

@@ -1,10 +1,10 @@
 """Per-kernel times of a compiled program, from the JAX profiler's trace.
 
-On XLA:CPU the profiler's `/host:CPU` plane has one event per thunk, named after
-the HLO instruction it runs, with the stats `hlo_op` and `hlo_module` (design notes
-§2). A thunk that XLA:CPU runs asynchronously (the convolutions it hands to Eigen)
-counts until its completion event (`timing.thunk_seconds`): its own event ends
-when the work is launched.
+On XLA:CPU the profiler's `/host:CPU` plane has one event per thunk, named after the
+HLO instruction it runs, with the stats `hlo_op` and `hlo_module`. A thunk that
+XLA:CPU runs asynchronously (the convolutions it hands to Eigen) counts until its
+completion event (`timing.thunk_seconds`): its own event ends when the work is
+launched.
 
 On a GPU the kernels are on the `/device:GPU:N` planes, one line per stream;
 XLA:GPU runs each thunk under the annotation `Thunk:#hlo_op=NAME,hlo_module=...#`,
@@ -14,7 +14,7 @@ instruction on a line count as one run of it (their durations summed). Where a
 device plane has lines named "Stream ...", only those are read: the profiler may
 add lines that repeat the kernels per HLO op or per step.
 
-Seen on one H200 with jaxlib 0.11.2 (BENCHMARKS, session 29): the kernel events
+Seen on one H200 with jaxlib 0.11.2 (benchmarks/BENCHMARKS.md): the kernel events
 carry the instruction in the stat `hlo_op`, on one line "Stream #14(Compute)".
 XLA:GPU runs most thunks inside command buffers (CUDA graphs) by default; the
 trace then names one event per graph (`hlo_op` "command_buffer_1") and the
@@ -37,7 +37,7 @@ import re
 import statistics
 from collections.abc import Callable, Iterable, MutableMapping
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.timing import thunk_seconds, traced_events

@@ -38,8 +38,8 @@ from dataclasses import replace
 import numpy as np
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.fusion_boundaries import GROUP_MARK, OutlineFusionGroups
-from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import (
     EXPENSIVE_OPCODES,
     Plan,

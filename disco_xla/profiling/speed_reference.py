@@ -2,7 +2,7 @@
 
 This machine's speed drifts by model and by minute. Between two collections of
 the same kernels, a model's median kernel ran 0.62-0.97x as long, and the
-ratio differed from model to model (BENCHMARKS, session 27). A cost model
+ratio differed from model to model (benchmarks/BENCHMARKS.md). A cost model
 trained on such data learns each model's speed at the moment it was profiled,
 as if it were a property of its kernels.
 

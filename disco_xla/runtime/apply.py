@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
 from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
-from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.hlo_passes.pass_interface import HloPass, run_pipeline
 from disco_xla.plan import Plan, departing_groups, verify_plan
 from disco_xla.runtime.agreement import broadcast
@@ -32,8 +32,8 @@ from disco_xla.runtime.xla_runner import (
     random_arguments,
 )
 
-# XLA:CPU's pass that merges every all-reduce into one after the last gradient
-# (design notes §2). Rewritten modules compile with it off (NO_COMBINER), or it
+# XLA:CPU's pass that merges every all-reduce into one after the last gradient.
+# Rewritten modules compile with it off (NO_COMBINER), or it
 # would merge their buckets again.
 ALL_REDUCE_COMBINER = "cpu-all-reduce-combiner"
 NO_COMBINER = (ALL_REDUCE_COMBINER,)
@@ -242,7 +242,10 @@ def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -
 
 
 @dataclass(frozen=True)
-class Comparison:
+class VerifiedRewrite:
+    """What `verify_rewrite` found: the rewritten step's outputs against the
+    original's, and both programs' step times."""
+
     equal: bool  # bit-equal, or every output within the tolerance
     bit_equal: bool
     max_abs_diff: float
@@ -263,13 +266,13 @@ def verify_rewrite(
     rounds: int = 5,
     seed: int = 0,
     platform: str = "cpu",
-) -> Comparison:
+) -> VerifiedRewrite:
     """Run both modules on the same random inputs on `devices` devices of `platform`."""
     original_s, results = time_candidates(
         original, {"rewritten": rewritten}, devices, rounds, seed, platform=platform
     )
     result = results["rewritten"]
-    return Comparison(
+    return VerifiedRewrite(
         **result.outputs.__dict__,
         original_s=original_s,
         rewritten_s=result.seconds,

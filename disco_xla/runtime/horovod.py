@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.gradients import GRADIENT_MARK
-from disco_xla.hlo_passes.graph import HloModule, Instruction
+from disco_xla.hlo.gradients import GRADIENT_MARK
+from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.plan import Plan, verify_plan
 
 _VIEWS = frozenset({"reshape", "bitcast", "copy", "transpose", "convert"})
@@ -147,7 +147,7 @@ def _gradients_by_all_reduce(module: HloModule, source: str) -> dict[str, list[P
 
 def load_plan_buckets(plan_path: str, module_path: str) -> list[list[PlanGradient]]:
     """`plan_gradient_buckets` for a plan JSON file and the captured module's file."""
-    from disco_xla.hlo_passes.hlo_io import load_module
+    from disco_xla.hlo.hlo_io import load_module
 
     try:
         with open(plan_path, encoding="utf-8") as handle:

@@ -16,7 +16,7 @@ from jax._src import core
 from jax._src.interpreters import pxla
 from jax._src.lib import xla_client
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.runtime.xla_runner import _compile, as_replicas
 
 

@@ -25,8 +25,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.shapes import Shape
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.shapes import Shape
 
 STABLEHLO_TARGET = "1.0.0"
 CALL_MODULE_VERSION = 10

@@ -25,11 +25,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.hlo_io import PARTITIONER_PASS
-from disco_xla.hlo_passes.hlo_schema import OpSharding
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.hlo_io import PARTITIONER_PASS
+from disco_xla.hlo.hlo_schema import OpSharding
+from disco_xla.hlo.shapes import Shape
 from disco_xla.hlo_passes.partitions_as_replicas import PartitionsAsReplicas
-from disco_xla.hlo_passes.shapes import Shape
 
 _RECENT_COMPILES = 4
 _recent_compiles: dict[tuple, HloModule] = {}

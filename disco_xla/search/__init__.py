@@ -1,7 +1,7 @@
 """Search over op-fusion groups and all-reduce buckets, and the baselines.
 
 `optimize(module, cluster=...)` is the Python entry point; `backtracking` holds the
-search, `baselines` builds every baseline of the design notes as a plan,
+search, `baselines` builds every baseline as a plan,
 `xla_fusion` maps XLA's compiled kernels back onto the captured module, and
 `compare` runs every baseline, the ablations and the search side by side.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.settings import DEFAULTS
 

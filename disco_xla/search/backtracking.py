@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import EXPENSIVE_OPCODES, Plan, compute_instructions, verify_plan
 from disco_xla.search.moves import Fuse, Move, Rebucket, Split
 from disco_xla.settings import DEFAULTS

@@ -1,10 +1,10 @@
-"""The baselines every result is compared with, as plans (see design notes §4).
+"""The baselines every result is compared with, as plans.
 
 - `none`: no op fusion, one all-reduce per gradient.
 - `xla`: XLA's fusion and combiner as compiled. On CPU profiles that is XLA:CPU's
   one combined all-reduce; on GPU profiles XLA:GPU's combiner is modelled instead:
   groups of up to 30 MB, each sent once its last member is ready. XLA:GPU's
-  latency-hiding scheduler is off by default (design notes §5), and without it
+  latency-hiding scheduler is off by default, and without it
   XLA does not overlap a collective with compute (NVIDIA's JAX-Toolbox GPU
   performance guide: overlap needs `--xla_gpu_enable_latency_hiding_scheduler`),
   so on GPU profiles each all-reduce holds the compute stream until it ends.
@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule, collective_bytes
+from disco_xla.hlo.graph import HloModule, collective_bytes
 from disco_xla.plan import (
     Plan,
     bucket_kinds,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
@@ -37,7 +37,9 @@ ROWS = (*BASELINES, *ABLATIONS, "found")
 
 
 @dataclass(frozen=True)
-class Comparison:
+class PlanComparison:
+    """Every baseline, ablation and the search, simulated over one module."""
+
     baselines: dict[str, Baseline]
     results: dict[str, SimulationResult]  # by ROWS name, all over the captured module
     searches: dict[str, SearchResult]  # 'fusion-only', 'bucketing-only', 'found'
@@ -58,7 +60,7 @@ def compare_plans(
     seed: int = DEFAULTS.seed,
     on_search: Callable[[str], Callable[[int, float], None]] | None = None,
     keep: int = 1,
-) -> Comparison:
+) -> PlanComparison:
     """Simulate every baseline, run both ablations and the full search (each with
     the whole budget), and simulate what they found. `on_search(label)` gives the
     progress callback of each search. The full search keeps its `keep` best
@@ -110,10 +112,10 @@ def compare_plans(
             keep=keep if label == "found" else 1,
         )
         results[label] = run(build_task_graph(module, searches[label].plan), xla_compute_s)
-    return Comparison(baselines, {name: results[name] for name in ROWS}, searches)
+    return PlanComparison(baselines, {name: results[name] for name in ROWS}, searches)
 
 
-def comparison_summary(comparison: Comparison) -> dict:
+def comparison_summary(comparison: PlanComparison) -> dict:
     """The figures `disco-xla optimize --json` prints (without file paths)."""
     results = comparison.results
     found = results["found"]
@@ -143,7 +145,7 @@ def comparison_summary(comparison: Comparison) -> dict:
     }
 
 
-def format_table(comparison: Comparison) -> str:
+def format_table(comparison: PlanComparison) -> str:
     """The human table: every baseline, the ablations and the found plan."""
     results = comparison.results
     xla_s = results["xla"].iteration_s

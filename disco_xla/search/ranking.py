@@ -1,6 +1,6 @@
 """How well simulated times order plans the way measured times do.
 
-The simulator is judged by ranking, not by absolute error (issue 16): a search
+The simulator is judged by ranking, not by absolute error: a search
 only needs it to put the plans in the right order. Two figures, over the same
 plans' simulated and measured step times:
 
@@ -10,12 +10,10 @@ plans' simulated and measured step times:
   the best measured time, less 1 (0 when the simulator's first choice is the
   fastest; 0.03 when it is 3% slower than the fastest).
 
-A third figure judges the simulator as the entry points use it (issue 16, item
-2): they measure the simulator's first k candidates and run the fastest. The
-top-k regret is the measured time of the fastest of the k plans the simulator
-ranks first, over the best measured time, less 1. It is the top-1 regret at
-k = 1 and 0 once k covers every plan.
-"""
+A third figure judges the simulator as the entry points use it: they measure the
+simulator's first k candidates and run the fastest. The top-k regret is the measured
+time of the fastest of the k plans the simulator ranks first, over the best measured
+time, less 1. It is the top-1 regret at k = 1 and 0 once k covers every plan."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule, Instruction
+from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.plan import (
     EXPENSIVE_OPCODES,
     NOT_FUSIBLE_OPCODES,

@@ -1,5 +1,4 @@
-"""Cost models and the event simulator of compute and communication streams.
-
-Planned (issue: Simulator): roofline / table / GNN kernel costs, the ring and
-hierarchical all-reduce model, and the event simulator. Nothing is public yet.
-"""
+"""Cost models and the event simulator of compute and communication streams:
+roofline, table and GNN kernel costs (`cost_models`, `gnn`), the collective
+model (`comm`), and the event simulator of a plan's step (`events`, with its
+incremental form for the search, `incremental`)."""

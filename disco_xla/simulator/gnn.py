@@ -1,5 +1,5 @@
 """The GNN kernel cost model: a graph network over a fused kernel's instructions
-that predicts the kernel's log-time (DisCo's learned cost model, design notes §3).
+that predicts the kernel's log-time (the DisCo paper's learned cost model).
 
 Input, one `jraph.GraphsTuple` per kernel (`kernel_features.kernel_graph`):
 - nodes: an opcode embedding over a fixed vocabulary with an 'other' bucket, a

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco_xla.hlo_passes.graph import HloModule, collective_bytes, collective_kind
+from disco_xla.hlo.graph import HloModule, collective_bytes, collective_kind
 from disco_xla.plan import (
     Plan,
     bucket_kinds,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from disco_xla.hlo_passes.graph import Instruction
+from disco_xla.hlo.graph import Instruction
 from disco_xla.simulator.kernels import Kernel
 
 MAX_RANK = 6  # dims beyond this are folded into the last one

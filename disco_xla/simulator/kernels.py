@@ -35,14 +35,14 @@ from functools import cached_property
 
 import numpy as np
 
-from disco_xla.hlo_passes.graph import (
+from disco_xla.hlo.graph import (
     COLLECTIVE_OPCODES,
     HloModule,
     Instruction,
     collective_bytes,
     collective_kind,
 )
-from disco_xla.hlo_passes.trip_counts import runs_per_call
+from disco_xla.hlo.trip_counts import runs_per_call
 from disco_xla.plan import EXPENSIVE_OPCODES, NOT_FUSIBLE_OPCODES, Plan
 
 CONTROL_CALLS = frozenset({"call", "while", "conditional"})

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.insert_gradient_all_reduces import InsertGradientAllReduces
 
 _APPLICATIONS = {"resnet50": "ResNet50", "vgg16": "VGG16", "inception_v3": "InceptionV3"}

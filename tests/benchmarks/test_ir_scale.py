@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from benchmarks.ir_scale import generate_module, measure_load
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.hlo_io import module_from_text, module_to_text
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.hlo_io import module_from_text, module_to_text
 
 
 def test_generated_module_is_valid_hlo_that_xla_prints_and_parses(tmp_path):

@@ -57,7 +57,7 @@ def test_two_processes_measure_and_simulate_none_xla_and_a_hand_picked_bucketing
 
 def test_a_step_hands_over_its_parameters_and_results():
     from benchmarks.validate_simulator import step_buffers
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
     from tests.simulator.test_simulator import TWO_GRADIENTS
 
     # Three parameters in, a tuple of two updates out.
@@ -126,7 +126,7 @@ def test_traced_collectives_cost_what_the_trace_measured():
     import pytest
 
     from benchmarks.validate_simulator import traced_comm_cost
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
     from disco_xla.plan import Plan
     from disco_xla.simulator.comm import all_reduce_s
     from disco_xla.simulator.kernels import build_task_graph

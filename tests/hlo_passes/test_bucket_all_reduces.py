@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from disco_xla import capture_jax
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
-from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.runtime.apply import NO_COMBINER
 from disco_xla.runtime.xla_runner import PartitionedProgram
@@ -165,7 +165,7 @@ ENTRY main {
 
 @pytest.fixture()
 def two_sums() -> HloModule:
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     return module_from_text(TWO_SUMS, "two_sums")
 
@@ -209,7 +209,7 @@ def test_a_bucket_of_reduce_scatters_scatters_one_concatenation(two_sums):
 
 
 def test_a_bf16_bucket_is_widened_to_f32_unless_told_otherwise():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     text = TWO_SUMS.replace("f32", "bf16")
     for widen, reduced in ((True, "f32[10]"), (False, "bf16[10]")):
@@ -244,7 +244,7 @@ def test_a_bucket_that_reads_an_earlier_buckets_members_reads_their_restored_val
     """Users are redirected once, when the pass ends: a later bucket's
     concatenation that reads an earlier bucket's members reads what replaced
     them, and the module computes what it did."""
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
     from disco_xla.runtime.apply import verify_rewrite
 
     module = module_from_text(CHAINED, "chained")

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
-from disco_xla.hlo_passes.graph import HloModule
 from disco_xla.plan import Plan, compute_instructions, departing_groups, verify_plan
 from disco_xla.runtime.apply import NO_COMBINER, verify_rewrite
 from disco_xla.runtime.xla_runner import compile_module
@@ -123,7 +123,7 @@ ENTRY mean {
 
 
 def test_constant_expressions_never_cross_a_group_edge():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     module = module_from_text(MEAN_MODULE, "mean")
     groups = (("start",), ("sum",), ("count", "count_f32", "counts", "mean"))
@@ -192,8 +192,8 @@ ENTRY chain {
 
 
 def test_a_group_becomes_a_call_and_groups_not_chosen_stay():
+    from disco_xla.hlo.hlo_io import module_from_text
     from disco_xla.hlo_passes.fusion_boundaries import GROUP_MARK
-    from disco_xla.hlo_passes.hlo_io import module_from_text
 
     module = module_from_text(CHAIN, "chain")
     groups = (("c",), ("a", "b"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from disco_xla.capture import capture_jax
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.inline_calls import InlineCalls
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.runtime.apply import verify_rewrite
@@ -75,7 +75,7 @@ ENTRY main {
 
 
 def test_each_call_site_gets_its_own_copy_and_a_second_run_changes_nothing():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     module = module_from_text(CALLS, "calls")
     assert InlineCalls().run(module)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from disco_xla import DiscoInputError
-from disco_xla.hlo_passes.gradients import GRADIENT_MARK
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.gradients import GRADIENT_MARK
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.insert_gradient_all_reduces import InsertGradientAllReduces
 from disco_xla.runtime.xla_runner import ReplicatedProgram, random_arguments
 from tests.conftest import _tf_train_step
@@ -88,7 +88,7 @@ ENTRY main {
 
 
 def test_backward_code_reads_the_local_gradient_as_under_horovod():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
     from disco_xla.plan import gradient_dependencies
 
     module = module_from_text(REUSED_GRADIENT)
@@ -121,7 +121,7 @@ ENTRY main {
 
 
 def test_the_output_reads_the_mean_of_the_all_reduced_producer():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     module = module_from_text(ONE_GRADIENT, "one_gradient")
     before = module.to_bytes()

@@ -12,7 +12,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from disco_xla.capture import capture_jax
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.partitions_as_replicas import (
     NotPartitionedError,
     PartitionsAsReplicas,
@@ -140,7 +140,7 @@ def test_an_all_to_all_over_a_permuted_mesh_axis_exchanges_with_the_right_partne
     module = capture_jax(fn, x)
     (exchange,) = [i for i in module.instructions() if i.opcode == "all-to-all"]
     assert exchange.proto.mesh_axes_replica_group_list.mesh.HasField("iota_device_ids")
-    from disco_xla.hlo_passes.graph import device_groups
+    from disco_xla.hlo.graph import device_groups
 
     assert device_groups(exchange.proto) == ((0, 1), (2, 3))
     expected = fn(x)
@@ -174,7 +174,7 @@ ENTRY main {
 
 
 def test_the_pass_on_a_small_partitioned_module_and_on_one_that_is_not():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     module = module_from_text(PARTITIONED, "partitioned")
     assert module.already_partitioned

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
 from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.hlo_io import module_from_text
 from disco_xla.hlo_passes.inline_calls import InlineCalls
 from disco_xla.hlo_passes.insert_gradient_all_reduces import InsertGradientAllReduces
 from disco_xla.hlo_passes.partitions_as_replicas import PartitionsAsReplicas

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.profiling.kernel_times import (
     KERNEL_PLANES,
     NO_COMMAND_BUFFERS,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import EXPENSIVE_OPCODES, Plan, verify_plan
 from disco_xla.profiling.dataset import (
     SCHEMA,

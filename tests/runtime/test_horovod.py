@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.hlo_io import load_module
+from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan
 from disco_xla.runtime import horovod as runtime
 from disco_xla.runtime.launch import launch_horovod

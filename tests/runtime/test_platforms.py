@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.runtime.apply import (
     NO_COMBINER,
     NO_COMBINER_BY_PLATFORM,

@@ -6,7 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from disco_xla.capture import capture_tf
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.runtime.tensorflow import CallModuleProgram, ResourceUpdate, resource_updates
 
 

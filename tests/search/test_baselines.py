@@ -76,7 +76,7 @@ def test_every_baseline_simulates_on_a_captured_step(module_files, cluster):
 
 
 def test_a_rule_bucket_is_cut_before_a_gradient_computed_from_a_reduced_one():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
     from disco_xla.plan import Plan, verify_plan
     from disco_xla.search.baselines import legal_buckets, with_buckets
     from tests.simulator.test_incremental import DEPENDENT_GRADIENTS

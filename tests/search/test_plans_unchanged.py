@@ -23,7 +23,7 @@ import os
 import pytest
 import yaml
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.simulator.cost_models import make_cost_model
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph

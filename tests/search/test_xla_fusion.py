@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan, compute_instructions, verify_plan
 from disco_xla.runtime.apply import NO_COMBINER
 from disco_xla.runtime.xla_runner import compile_module

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.search.backtracking import _bucket_moves
 from disco_xla.search.moves import Fuse, Split

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.profiling.dataset import from_samples, save_dataset
 from disco_xla.profiling.sample_plans import measure_plan, measure_xla_compiled, sample_plans
 from disco_xla.profiling.train_cost_model import (
@@ -412,7 +412,7 @@ ENTRY main {
 
 
 def test_bytes_roofline_and_gnn_features_use_each_tensors_real_dtype():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
     from disco_xla.plan import Plan
     from disco_xla.simulator.cost_models import RooflineCostModel
     from disco_xla.simulator.kernel_features import DTYPE_VOCABULARY

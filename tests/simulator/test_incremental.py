@@ -9,8 +9,8 @@ import random
 import pytest
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.hlo_io import module_from_text
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.search.backtracking import _bucket_moves, greedy_fusion_plan
 from disco_xla.search.moves import Fuse, Split

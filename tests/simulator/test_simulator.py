@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from disco_xla.hlo_passes.hlo_io import module_from_text
+from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
@@ -197,7 +197,7 @@ def test_cpu_threads_run_independent_work_side_by_side_unless_overlap_is_off(mod
 
 @pytest.mark.parametrize("name", ["jax_pmap_step", "tf_train_step"])
 def test_the_one_thread_scheduler_equals_the_general_one_with_one_thread(captured, name):
-    from disco_xla.hlo_passes.graph import HloModule
+    from disco_xla.hlo.graph import HloModule
     from disco_xla.simulator import events
 
     step = HloModule.from_bytes(captured[name][0], name)

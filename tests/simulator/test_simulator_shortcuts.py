@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.hlo_io import module_from_text
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.simulator import events
 from disco_xla.simulator.comm import all_reduce_s

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from disco_xla.hlo_passes.hlo_io import module_from_text
+from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.plan import Plan
 from disco_xla.simulator.calibrate import STEP_PAIRS, StepCosts, in_step_points
 from disco_xla.simulator.comm import all_reduce_s

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.search.backtracking import greedy_fusion_plan
 from disco_xla.simulator.cost_models import RooflineCostModel

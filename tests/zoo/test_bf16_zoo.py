@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import disco_xla
-from disco_xla.hlo_passes.hlo_io import load_module
+from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.simulator.kernels import build_task_graph

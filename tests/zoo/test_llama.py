@@ -16,7 +16,7 @@ import pytest
 
 import disco_xla
 from disco_xla import capture_jax, save_module
-from disco_xla.hlo_passes.hlo_io import load_module
+from disco_xla.hlo.hlo_io import load_module
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.search.baselines import BASELINES
 from disco_xla.zoo.llama import LLAMA_1B, build_llama_step

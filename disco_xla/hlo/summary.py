@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.trip_counts import executions, loop_trip_counts
 
 # Instructions that only name or group values; they move no data of their own.
 _STRUCTURAL_OPCODES = frozenset(
@@ -17,7 +18,6 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
     the instructions that run as program code, each as often as it runs (a loop
     body once per trip, `trip_counts`).
     """
-    from disco_xla.hlo_passes.trip_counts import executions, loop_trip_counts
 
     all_reduces = module.all_reduces
     gradients = [a for a in all_reduces if a.is_gradient]

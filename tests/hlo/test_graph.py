@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from disco_xla import DiscoInputError
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.shapes import Shape
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.shapes import Shape
 
 
 def module_of(captured, name: str) -> HloModule:
@@ -145,7 +145,7 @@ def test_while_and_conditional_bodies_are_program_code_counted_once():
 
 
 def test_control_predecessors_are_linked_and_ordered():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     module = module_from_text(
         "HloModule m\n\nENTRY main {\n"
@@ -198,7 +198,7 @@ ENTRY main {
 
 
 def test_only_sums_of_backward_code_are_gradients_where_the_module_is_marked():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     module = module_from_text(MARKED, "marked")
     assert [a.name for a in module.gradient_all_reduces] == ["grad"]
@@ -207,7 +207,7 @@ def test_only_sums_of_backward_code_are_gradients_where_the_module_is_marked():
 
 
 def test_instructions_are_found_by_name_and_removed_until_the_view_is_rebuilt():
-    from disco_xla.hlo_passes.hlo_io import module_from_text
+    from disco_xla.hlo.hlo_io import module_from_text
 
     module = module_from_text(MARKED, "marked")
     loss = module.instruction("loss")

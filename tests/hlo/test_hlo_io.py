@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from disco_xla import DiscoInputError, load_module, save_module
-from disco_xla.hlo_passes.hlo_io import module_from_text, module_to_text
-from disco_xla.hlo_passes.summary import summarize
+from disco_xla.hlo.hlo_io import module_from_text, module_to_text
+from disco_xla.hlo.summary import summarize
 
 COMPARED = ["computations", "instructions", "all_reduces", "gradient_all_reduces", "flops"]
 

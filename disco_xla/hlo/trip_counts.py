@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from disco_xla.hlo_passes.graph import HloModule, Instruction
+if TYPE_CHECKING:
+    from disco_xla.hlo.graph import HloModule, Instruction
 
 DEFAULT_TRIP_COUNT = 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo.graph import HloModule
 from tests.conftest import assert_round_trip_is_lossless
 
 CAPTURES = ["jax_pmap_step", "jax_shard_map_step", "jax_conv_dot_sort", "tf_train_step"]

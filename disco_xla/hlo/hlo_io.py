@@ -15,8 +15,8 @@ import os
 import zlib
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes import xla_text
-from disco_xla.hlo_passes.graph import HloModule
+from disco_xla.hlo import xla_text
+from disco_xla.hlo.graph import HloModule
 
 OUTPUT_FORMATS = ".pb, .hlo.pb, .txt or .hlo, optionally with .gz"
 SUPPORTED_FORMATS = f"{OUTPUT_FORMATS}, or an XLA dump directory"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from disco_xla import capture_jax, save_module
-from disco_xla.hlo_passes.graph import HloModule
-from disco_xla.hlo_passes.trip_counts import executions, loop_trip_counts, trip_count
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.trip_counts import executions, loop_trip_counts, trip_count
 from tests.conftest import run_cli
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from disco_xla.hlo_passes.graph import Computation
+from disco_xla.hlo.graph import Computation
+from disco_xla.hlo.hlo_schema import ShapeProto
 
 
 def fresh_instruction_id(computation: Computation) -> int:
@@ -47,8 +48,6 @@ def clone_instruction(computation: Computation, proto, name: str, operands) -> o
 
 def scalar_shape(element_type: int):
     """A rank-0 ShapeProto (with an empty layout, as XLA writes scalars)."""
-    from disco_xla.hlo_passes.hlo_schema import ShapeProto
-
     shape = ShapeProto(element_type=element_type)
     shape.layout.SetInParent()
     return shape

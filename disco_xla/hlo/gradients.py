@@ -12,7 +12,12 @@ An analysis over the IR (`graph`); it changes nothing.
 
 from __future__ import annotations
 
-from disco_xla.hlo_passes.graph import REDUCTION_OPCODES, HloModule, Instruction
+from typing import TYPE_CHECKING
+
+from disco_xla.hlo.opcodes import REDUCTION_OPCODES
+
+if TYPE_CHECKING:
+    from disco_xla.hlo.graph import HloModule, Instruction
 
 # What the all-reduce insertion pass (`insert_gradient_all_reduces`) puts in the
 # op_name of each all-reduce and mean it adds: `GRADIENT_MARK/<gradient name>`.

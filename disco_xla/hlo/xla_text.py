@@ -6,7 +6,7 @@ the user's process: a small worker process does the parsing and printing, and if
 dies we report the reason it gave as an ordinary input error and start a new one.
 Every reply has a deadline, so a parser that never returns cannot hang us either.
 
-Run as `python -m disco_xla.hlo_passes.xla_text` it is that worker.
+Run as `python -m disco_xla.hlo.xla_text` it is that worker.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class _TextWorker:
         env.setdefault("JAX_PLATFORMS", "cpu")
         env["TF_CPP_MIN_LOG_LEVEL"] = "3"
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "disco_xla.hlo_passes.xla_text"],
+            [sys.executable, "-m", "disco_xla.hlo.xla_text"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

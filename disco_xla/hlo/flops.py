@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from disco_xla.hlo.trip_counts import executions
+
 if TYPE_CHECKING:
-    from disco_xla.hlo_passes.graph import HloModule, Instruction
+    from disco_xla.hlo.graph import HloModule, Instruction
 
 # One FLOP per output element.
 ELEMENTWISE_OPCODES = frozenset(
@@ -73,9 +75,6 @@ def total_flops(module: HloModule) -> int:
     as often as it runs (a loop body once per trip: `trip_counts`); a fusion
     counts its fused computation; reducers passed as `to_apply` are counted
     by the instruction that applies them."""
-    # Imported here: trip_counts imports the IR, which imports this module.
-    from disco_xla.hlo_passes.trip_counts import executions
-
     runs = executions(module)
     return sum(
         instr.flops * runs.get(computation.name, 1)

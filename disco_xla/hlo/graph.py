@@ -25,27 +25,25 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo_passes import hlo_schema
-from disco_xla.hlo_passes.flops import estimate_flops, total_flops
-from disco_xla.hlo_passes.shapes import Shape, shape_from_proto
+from disco_xla.hlo import hlo_schema
+from disco_xla.hlo.flops import estimate_flops, total_flops
+from disco_xla.hlo.gradients import BackwardCode, is_gradient_reduction
+from disco_xla.hlo.opcodes import (
+    ALL_REDUCE_OPCODES,
+    COLLECTIVE_DONE_OPCODES,
+    COLLECTIVE_OPCODES,
+    CONTROL_FLOW_OPCODES,
+    REDUCTION_OPCODES,
+)
+from disco_xla.hlo.shapes import Shape, shape_from_proto
 
-# Instructions whose called computations run as program code (not as reducers).
-CONTROL_FLOW_OPCODES = frozenset(
-    {"call", "while", "conditional", "async-start", "async-update", "async-done", "custom-call"}
-)
-ALL_REDUCE_OPCODES = frozenset({"all-reduce", "all-reduce-start"})
-COLLECTIVE_OPCODES = ALL_REDUCE_OPCODES | frozenset(
-    """all-gather all-gather-start reduce-scatter all-to-all collective-permute
-    collective-permute-start collective-broadcast ragged-all-to-all""".split()
-)
-# Cross-device reductions a plan can bucket: the all-reduce, and its sharded form,
-# the reduce-scatter (what a ZeRO or FSDP step sends its gradients with).
-REDUCTION_OPCODES = ALL_REDUCE_OPCODES | frozenset({"reduce-scatter"})
-# The second half of an asynchronous collective: it waits for its start and hands
-# on the result, and costs nothing of its own (the start carries the transfer).
-COLLECTIVE_DONE_OPCODES = frozenset(
-    {"all-reduce-done", "all-gather-done", "collective-permute-done"}
-)
+__all__ = [  # the opcode sets are read through this module too
+    "ALL_REDUCE_OPCODES",
+    "COLLECTIVE_DONE_OPCODES",
+    "COLLECTIVE_OPCODES",
+    "CONTROL_FLOW_OPCODES",
+    "REDUCTION_OPCODES",
+]
 
 
 def collective_kind(instr: Instruction) -> str:
@@ -476,9 +474,6 @@ class HloModule:
     def all_reduces(self) -> list[AllReduce]:
         """Every all-reduce and reduce-scatter, with which ones reduce gradients
         (`gradients`)."""
-        # Imported here: gradients imports this module.
-        from disco_xla.hlo_passes.gradients import BackwardCode, is_gradient_reduction
-
         backward = BackwardCode(self)
         found = []
         for computation in self.computations:
