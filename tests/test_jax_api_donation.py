@@ -215,3 +215,53 @@ def test_a_failure_in_the_background_runs_the_original_with_one_warning(
     _assert_same(plain[0], got)
     (status,) = optimized.status()
     assert status.startswith("original: ") and "injected failure" in status, status
+
+
+@pytest.mark.parametrize("recorded", ["plan", "original"])
+def test_in_the_background_a_choice_the_plan_cache_recorded_is_not_timed_again(
+    recorded, mesh, plain, tmp_path
+):
+    """A measured choice in the plan cache (here written into it) is checked
+    and run without timing anything again; a recorded 'original' runs without
+    building anything."""
+    import dataclasses
+    import sqlite3
+
+    from disco_xla.plan_cache import PlanCache
+
+    _train(disco_xla.jit(_update, donate_argnums=0, cache_dir=str(tmp_path), **SEARCH), mesh)
+    with sqlite3.connect(tmp_path / "plans.sqlite") as connection:
+        (key,) = [row[0] for row in connection.execute("SELECT key FROM candidates")]
+    cache = PlanCache(str(tmp_path))
+    faster, slower = ("plan", "original") if recorded == "plan" else ("original", "plan")
+    measured_s = {faster: 1e-3, slower: 2e-3}
+    cache.put_candidates(
+        key,
+        dataclasses.replace(cache.get_candidates(key), chosen=recorded, measured_s=measured_s),
+    )
+    optimized = disco_xla.jit(
+        _update,
+        donate_argnums=0,
+        cache_dir=str(tmp_path),
+        **{**SEARCH, "check_speed": True, "background": True},
+    )
+
+    def second_call_started_the_work():
+        assert optimized.wait(timeout_s=600)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiscoFallbackWarning)
+        got = _train_steps(optimized, mesh, 4, second_call_started_the_work)
+    _assert_same(plain[0], got)
+    (status,) = optimized.status()
+    (report,) = optimized.measurements()
+    assert not any("measured_s" in entry for entry in report.values()), report
+    if recorded == "original":
+        assert status == (
+            "original: faster here (1.000 ms per step against 2.000 ms for optimized (plan), "
+            "from the plan cache); donates args[0]"
+        )
+        assert list(report) == ["original"] and report["original"]["from_cache"], report
+    else:
+        assert status.startswith("optimized") and status.endswith("; donates args[0]"), status
+        assert report["plan"]["from_cache"] and report["plan"]["chosen"], report
