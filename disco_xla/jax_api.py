@@ -42,9 +42,12 @@ from disco_xla.jax_trial import (
     agree_on_module,
     deleted,
     donation_note,
+    recorded_choice,
+    remember_traced_step,
     shared_choice,
     waiting_s,
 )
+from disco_xla.runtime.agreement import process_count
 from disco_xla.settings import DEFAULTS, OptimizeSettings
 from disco_xla.trial import is_fallback
 from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep, one_line
@@ -80,10 +83,10 @@ class OptimizedFunction(WrappedStep):
             return self._original(*args, **kwargs)  # inside an outer transformation
         compiled = self._by_signature.get(signature)
         if compiled is None and self._settings.background:
-            # A signature called once only (an initial layout, an evaluation)
-            # is not worth optimising: the work starts on its second call.
-            self._by_signature[signature] = JaxSignatureRecord(CALLED_ONCE)
-            return self._original(*args, **kwargs)
+            call = CallArguments(self, args, kwargs, leaves, signature.tree)
+            compiled, result = self._first_in_background(call)
+            self._by_signature[signature] = compiled
+            return result
         if compiled is None or compiled.status == CALLED_ONCE:
             call = CallArguments(self, args, kwargs, leaves, signature.tree)
             if self._settings.background:
@@ -124,9 +127,28 @@ class OptimizedFunction(WrappedStep):
                     return False
         return True
 
+    def _first_in_background(self, call: CallArguments) -> tuple[Any, Any]:
+        """The first call of a signature with `background` on runs the original.
+        A signature called once only (an initial layout, an evaluation) is not
+        worth optimising, so the work starts on its second call; or on this one,
+        in a single process, when the plan cache holds a measured choice for
+        this traced step (which then needs no search and no timing). Under
+        `jax.distributed` it waits for the second call: every rank must start
+        on the same call, and each may have its own plan cache."""
+        result = call.original(keep_copies=False)
+        lowered = None
+        if process_count() == 1:
+            try:  # after the original: the step is traced by then
+                lowered = recorded_choice(self, call)
+            except Exception:  # noqa: BLE001 - then it is found on the second call
+                lowered = None
+        if lowered is None:
+            return JaxSignatureRecord(CALLED_ONCE), result
+        return self._in_background(call, lowered), result
+
     def _start_in_background(self, call: CallArguments) -> tuple[Any, Any]:
-        """The first call of a signature with `background` on: lower the step,
-        run the original, and leave the rest to a `BackgroundTrial`."""
+        """Lower the step, run the original, and leave the rest to a
+        `BackgroundTrial`."""
         try:
             lowered = self._original.lower(*call.args, **call.kwargs)
         except Exception as error:  # noqa: BLE001
@@ -134,9 +156,14 @@ class OptimizedFunction(WrappedStep):
             _warn(self, record.status)
             return record, call.original(keep_copies=False)
         result = call.original(keep_copies=False)
+        return self._in_background(call, lowered), result
+
+    def _in_background(self, call: CallArguments, lowered) -> BackgroundTrial:
+        """The background work started for the signature of `call`, whose
+        original has run."""
         background = BackgroundTrial(self, lowered, next(_prepared_steps), call)
         background.start()
-        return background, result
+        return background
 
     def _with_leaves(self, args: tuple, kwargs: dict, tree, leaves: list) -> tuple[tuple, dict]:
         """`args` and `kwargs` with their array leaves replaced by `leaves`
@@ -213,6 +240,7 @@ class OptimizedFunction(WrappedStep):
         agree_on_module(self.__name__, module, step, wait_s)
         # rank 0's plan: on failure, every rank raises here
         choice = shared_choice(module, settings, step, wait_s)
+        remember_traced_step(lowered, settings, choice)
         record, problem, executable = JaxSignatureRecord("original"), "", None
         try:  # this rank's own work: it goes on in step with the others if it fails
             executable = lowered.compile()

@@ -2,7 +2,9 @@
 
 The first call with a new argument signature runs the original (JAX's own first
 call); the second lowers the step, runs the original and returns its result
-(`OptimizedFunction`). A background thread then does
+(`OptimizedFunction`). In one process, the first call already starts the work
+when the plan cache holds a measured choice for the traced step
+(`jax_trial.recorded_choice`). A background thread then does
 the slow part: it captures the module, agrees on it with the other ranks, finds
 the plan (or reads it from the plan cache) and compiles every candidate program
 and the reference. Until it is done the original runs.
@@ -35,6 +37,7 @@ from disco_xla.jax_trial import (
     JaxTrial,
     agree_on_module,
     donation_note,
+    remember_traced_step,
     shared_choice,
     waiting_s,
 )
@@ -88,6 +91,12 @@ class BackgroundTrial:
     def _prepare(self) -> None:
         _yield_to_the_loop(True)
         try:
+            # The call that started the work runs first (JAX dispatches it
+            # before it is done): a compile beside it would slow it down.
+            jax.block_until_ready(self._first.result)
+        except Exception:  # noqa: BLE001 - its arrays may be gone already (donated)
+            pass
+        try:
             self._capture_and_build()
         except Exception as error:  # noqa: BLE001 - reported on the trial's call
             self._failure = one_line(error)
@@ -112,6 +121,7 @@ class BackgroundTrial:
         wait_s = waiting_s(settings)
         agree_on_module(function.__name__, module, self.step, wait_s)
         choice = shared_choice(module, settings, self.step, wait_s)
+        remember_traced_step(lowered, settings, choice)
         record, problem, executable = JaxSignatureRecord("original"), "", None
         record.plan = choice.plan
         try:

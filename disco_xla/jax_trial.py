@@ -8,6 +8,7 @@ those steps, so that all of them run the same program.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from disco_xla.plan_cache import PlanCache
 from disco_xla.runtime.agreement import AgreementError, broadcast, gather
 from disco_xla.settings import OptimizeSettings
 from disco_xla.trial import SignatureRecord, Trial
@@ -64,6 +66,35 @@ def shared_choice(module, settings: OptimizeSettings, step: int, wait_s: float):
     shared = json.loads(broadcast(f"step{step}/plan", found, wait_s))
     record = CandidateRecord.from_json(shared["record"], f"<plan for {module.name}>")
     return PlanChoice(record.plans["plan"], True, 0.0, record, shared["key"])
+
+
+def traced_step_key(lowered, settings: OptimizeSettings) -> str:
+    """The plan cache's key for a traced step under `settings`: its lowered
+    program's text (known before anything is compiled or captured), the
+    cluster and the search options."""
+    options = json.dumps({"cluster": settings.cluster, **settings.search_options()}, sort_keys=True)
+    return hashlib.sha256((lowered.as_text() + options).encode()).hexdigest()
+
+
+def remember_traced_step(lowered, settings: OptimizeSettings, choice) -> None:
+    """Rank 0 records, beside `choice`'s plan, that this traced step has it
+    (`recorded_choice` reads it on a later first call)."""
+    if settings.use_cache and choice.cache_key and jax.process_index() == 0:
+        PlanCache(settings.cache_dir).put_traced_step(
+            traced_step_key(lowered, settings), choice.cache_key
+        )
+
+
+def recorded_choice(function: OptimizedFunction, call: CallArguments):
+    """For a first call: the step lowered, when the plan cache holds a measured
+    choice for it (else None, and nothing is lowered when the cache records no
+    traced step at all)."""
+    settings = function._settings
+    if not settings.use_cache or not PlanCache(settings.cache_dir).has_traced_steps():
+        return None
+    lowered = function._original.lower(*call.args, **call.kwargs)
+    chosen = PlanCache(settings.cache_dir).traced_step_choice(traced_step_key(lowered, settings))
+    return lowered if chosen is not None else None
 
 
 def deleted(leaf) -> bool:

@@ -12,7 +12,10 @@ one ran fastest and every candidate's measured time (`CandidateRecord`). It
 also keeps the kernel times measured on each machine (`add_kernel_times`, by
 structural hash), which the next search there reads before any cost model, and
 the step times of the programs each first call measured (`add_step_times`), from
-which the next search learns what a collective costs inside a step there.
+which the next search learns what a collective costs inside a step there, and,
+for each traced step whose choice was measured, the key of its plan
+(`put_traced_step`), so that a later process knows from the traced step alone,
+before anything is captured, that a choice is recorded for it.
 Switching a new file to the write-ahead log is the one step that
 sqlite does not wait for (it fails at once with "database is locked" when another
 process is doing the same), so creating the file is serialised by a lock file
@@ -199,6 +202,10 @@ class PlanCache:
                     "measured_s REAL NOT NULL, tuple_tensors INTEGER NOT NULL, "
                     "PRIMARY KEY (machine, workers, module, program))"
                 )
+                connection.execute(
+                    "CREATE TABLE IF NOT EXISTS traced_steps (step TEXT PRIMARY KEY, "
+                    "key TEXT NOT NULL)"
+                )
                 connection.commit()
             finally:
                 connection.close()
@@ -371,6 +378,53 @@ class PlanCache:
             StepTime(m, p, int(n), float(sim), float(meas), int(tensors))
             for m, p, n, sim, meas, tensors in rows
         ]
+
+    def put_traced_step(self, step: str, key: str) -> bool:
+        """Record that the traced step `step` (`jax_trial.traced_step_key`) has
+        its plan and measured choice under `key`; False if unwritable."""
+        try:
+            connection = self._connect()
+            try:
+                with connection:
+                    connection.execute(
+                        "INSERT OR REPLACE INTO traced_steps (step, key) VALUES (?, ?)",
+                        (step, key),
+                    )
+            finally:
+                connection.close()
+        except (sqlite3.Error, OSError):
+            return False
+        return True
+
+    def has_traced_steps(self) -> bool:
+        """Whether any traced step is recorded (False on an unreadable cache)."""
+        if not self.path.exists():
+            return False
+        try:
+            connection = self._connect()
+            try:
+                row = connection.execute("SELECT 1 FROM traced_steps LIMIT 1").fetchone()
+                return row is not None
+            finally:
+                connection.close()
+        except (sqlite3.Error, OSError):
+            return False
+
+    def traced_step_choice(self, step: str) -> str | None:
+        """The measured choice recorded for the traced step `step` (a candidate's
+        label or 'original'), or None."""
+        try:
+            connection = self._connect()
+            try:
+                row = connection.execute(
+                    "SELECT key FROM traced_steps WHERE step = ?", (step,)
+                ).fetchone()
+            finally:
+                connection.close()
+        except (sqlite3.Error, OSError):
+            return None
+        record = self.get_candidates(row[0]) if row is not None else None
+        return record.chosen if record is not None else None
 
     def __len__(self) -> int:
         try:
