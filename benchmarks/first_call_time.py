@@ -9,10 +9,10 @@ The step is a zoo model's `jax.jit` over sharded arguments on N host CPU devices
 (the main case). JAX's first call compiles the step. By default disco-xla's first
 call lowers the step and runs JAX's program; with `background=False` it also
 captures the partitioned module, searches, rewrites and compiles the candidates,
-checks them against the original and times them (README, "Optimising a training
-step"). With `--profile`, Python's profiler runs around the `background=False`
-first call (it adds overhead) and the functions that took longest, by
-cumulative time, are printed.
+checks them against the original and times them (docs/entry-points.md). With
+`--profile`, Python's profiler runs around the `background=False` first call
+(it adds overhead) and the functions that took longest, by cumulative time, are
+printed.
 
     .venv/bin/python benchmarks/first_call_time.py [--model inception_v3] [--size tiny]
         [--replicas 2] [--profile] [--json]
