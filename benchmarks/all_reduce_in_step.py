@@ -44,7 +44,7 @@ def main() -> int:
     from jax.sharding import Mesh
     from validate_simulator import _placements
 
-    from disco_xla.simulator import calibrate
+    from disco_xla.profiling import calibrate
     from disco_xla.timing import cpus_kept_awake
 
     mesh = Mesh(np.array(jax.devices() if distributed else jax.devices()[:2]), ("d",))

@@ -258,7 +258,7 @@ def _probes(mesh) -> dict:
     be timed with a step's plans: the empty steps, the compute probe, the in-step
     all-reduce probe (with and without its all-reduces, and with each as a tuple
     of tensors or as that many separate all-reduces)."""
-    from disco_xla.simulator import calibrate
+    from disco_xla.profiling import calibrate
 
     place, place_split = _placements(mesh)
     empty = calibrate.empty_steps(mesh, place)
@@ -289,7 +289,7 @@ def with_probes(profile, times: dict, probe_kernel_s: float):
     profile's."""
     import dataclasses
 
-    from disco_xla.simulator import calibrate
+    from disco_xla.profiling import calibrate
 
     def median(name):
         return statistics.median(times[name])

@@ -1,5 +1,5 @@
 """`disco-xla calibrate`: measure the collectives, kernels and steps of this
-machine and write a cluster profile (`simulator/calibrate.py` does the
+machine and write a cluster profile (`profiling/calibrate.py` does the
 measuring and fitting; this module checks the flags, writes the profile and
 reports what was measured)."""
 
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     jax.config.update("jax_num_cpu_devices", max(workers, 1) if not args.processes else 1)
-    from disco_xla.simulator import calibrate
+    from disco_xla.profiling import calibrate
 
     runtime, collective_steps, tuple_share, step, flops, bandwidth = _measure(args, workers)
     tuple_element_s = calibrate.tuple_element_seconds(tuple_share, step)
@@ -110,10 +110,10 @@ def _checked_workers(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace, workers: int) -> tuple:
     """(runtime, collective steps, a tuple tensor's share of a separate
     all-reduce, step costs, peak f32 FLOP/s, memory bandwidth): every probe of
-    `simulator.calibrate`, with a progress bar on a terminal."""
+    `profiling.calibrate`, with a progress bar on a terminal."""
     from tqdm import tqdm
 
-    from disco_xla.simulator import calibrate
+    from disco_xla.profiling import calibrate
 
     sizes = [s for s in calibrate.SIZES_BYTES if s <= args.max_bytes]
     quiet = args.json or not sys.stderr.isatty()

@@ -1,2 +1,4 @@
-"""Measuring kernels: per-instruction times from the JAX profiler, for the table
-cost model and, later, the GNN's training data."""
+"""Measuring on this machine: the collectives a cluster profile is calibrated
+from (`calibrate`), per-instruction kernel times for the table cost model and
+the GNN's training data, sampled plans, and the cost model's data set and
+training."""

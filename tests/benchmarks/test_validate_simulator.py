@@ -81,7 +81,7 @@ def test_probes_timed_with_the_plans_set_the_machine_speed_terms_of_the_profile(
         TUPLE,
         with_probes,
     )
-    from disco_xla.simulator.calibrate import IN_STEP_ROUNDS, STEP_PAIRS, TUPLE_TENSORS
+    from disco_xla.profiling.calibrate import IN_STEP_ROUNDS, STEP_PAIRS, TUPLE_TENSORS
     from disco_xla.simulator.profiles import load_profile
 
     profile = dataclasses.replace(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
 from dataclasses import replace
 
@@ -27,7 +25,6 @@ from disco_xla.profiling.sample_plans import (
     sample_plans,
 )
 from disco_xla.search.backtracking import greedy_fusion_plan
-from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -157,31 +154,3 @@ def test_a_schema_3_data_set_loads_without_a_reference_and_cannot_be_normalised(
     assert np.all(np.isnan(loaded.reference_s))
     with pytest.raises(DiscoInputError, match=r"old\.npz.*no speed reference"):
         speed_normalised(loaded, source=str(old))
-
-
-def test_profile_command_writes_a_data_set(module_files, tmp_path):
-    from disco_xla.timing import CPU_LATENCY_DEVICE
-
-    out = tmp_path / "demo.npz"
-    # Where this test may hold the CPUs awake, it measures so (as the shipped data
-    # set's collection may); elsewhere as the default does.
-    awake = os.access(CPU_LATENCY_DEVICE, os.W_OK)
-    result = run_cli(
-        "profile", module_files["jax_pmap_step"], "--plans", "2", "--repeats", "2",
-        "--out", str(out), "--json", *(["--keep-cpus-awake"] if awake else []), timeout_s=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    assert report["cpus_kept_awake"] is awake
-    dataset = load_dataset(str(out))
-    assert report["samples"] == len(dataset) > 0
-    assert set(dataset.model.tolist()) == {"jax_pmap_step"}
-    assert set(dataset.plan_kind.tolist()) == {"xla-compiled", "xla-like", "unfused"}
-
-
-def test_profile_command_rejects_a_bad_plan_count(module_files, tmp_path):
-    result = run_cli(
-        "profile", module_files["jax_pmap_step"], "--plans", "0", "--out", str(tmp_path / "x.npz")
-    )
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1

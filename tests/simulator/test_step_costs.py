@@ -10,7 +10,7 @@ import pytest
 
 from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.plan import Plan
-from disco_xla.simulator.calibrate import STEP_PAIRS, StepCosts, in_step_points
+from disco_xla.profiling.calibrate import STEP_PAIRS, StepCosts, in_step_points
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
@@ -152,7 +152,7 @@ def test_a_gpu_profile_ignores_the_worker_lag(module):
 
 
 def test_the_worker_lag_is_the_all_reduce_growth_over_the_kernel_time():
-    from disco_xla.simulator.calibrate import worker_lag
+    from disco_xla.profiling.calibrate import worker_lag
 
     # An all-reduce adds 20 us after 15 us of kernels a round, 70 us after 515 us.
     assert worker_lag((20e-6, 15e-6), (70e-6, 515e-6)) == pytest.approx(0.1)
@@ -162,7 +162,7 @@ def test_the_worker_lag_is_the_all_reduce_growth_over_the_kernel_time():
 
 @pytest.mark.parametrize("share", [0.6, 0.9, 1.3])
 def test_a_tuple_tensor_is_priced_at_its_measured_share_of_a_separate_all_reduce(share):
-    from disco_xla.simulator.calibrate import (
+    from disco_xla.profiling.calibrate import (
         IN_STEP_BYTES,
         TUPLE_TENSORS,
         tuple_element_seconds,

@@ -16,7 +16,7 @@ from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.simulator.kernels import build_task_graph
-from disco_xla.zoo.jax_steps import BF16_MODELS, build_jax_step
+from disco_xla.zoo.jax_steps import build_jax_step
 from tests.conftest import run_cli
 
 
@@ -65,14 +65,3 @@ def test_disco_xla_jit_runs_the_bf16_step_optimised_and_equal(tmp_path):
     right = [np.asarray(x) for x in jax.tree_util.tree_leaves(got)]
     assert compare_outputs(left, right).equal
     assert all(np.isfinite(x).all() for x in right)
-
-
-def test_models_without_a_bf16_variant_are_refused_in_one_line(tmp_path):
-    assert "resnet50" not in BF16_MODELS
-    result = run_cli(
-        "capture", "--model", "resnet50", "--precision", "bf16", "-o", str(tmp_path / "x.pb")
-    )
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and "resnet50" in result.stderr
-    with pytest.raises(ValueError, match="batch norm"):
-        build_jax_step("resnet50", precision="bf16", concrete=False)

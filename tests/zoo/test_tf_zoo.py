@@ -61,23 +61,3 @@ def test_tiny_step_runs_on_two_devices_with_identical_parameters(tf_captures, na
         assert np.array_equal(outputs[0][index], outputs[1][index]), step.variable_names[
             (index - 1) % variables
         ]
-
-
-def test_capture_cli_for_tf_writes_a_data_parallel_module(tmp_path):
-    path = tmp_path / "bert.hlo.pb"
-    result = run_cli(
-        "capture",
-        "--model",
-        "bert_encoder",
-        "--framework",
-        "tf",
-        "--replicas",
-        "2",
-        "-o",
-        str(path),
-        timeout_s=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "40 gradient all-reduces for 40 parameter tensors" in result.stdout
-    summary = json.loads(run_cli("inspect", str(path), "--json").stdout)
-    assert summary["gradient_all_reduces"] == 40

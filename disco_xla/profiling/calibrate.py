@@ -531,7 +531,7 @@ def measure_multi_process(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "disco_xla.simulator.calibrate", "--worker"]
+    command = [sys.executable, "-m", "disco_xla.profiling.calibrate", "--worker"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
     workers = [
         subprocess.Popen(
