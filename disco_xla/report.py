@@ -12,8 +12,8 @@ import tempfile
 
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
-from disco_xla.simulator.events import SimulationResult
 from disco_xla.simulator.profiles import ClusterProfile
+from disco_xla.simulator.result import SimulationResult
 from disco_xla.simulator.trace import plot_gantt
 
 

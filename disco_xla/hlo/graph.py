@@ -15,17 +15,24 @@ module; the analyses `gradients` (which reductions reduce gradients) and `flops`
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo import hlo_schema
+from disco_xla.hlo.collectives import (
+    collective_bytes,
+    collective_kind,
+    collective_scope,
+    device_groups,
+    reduction_kind,
+    replica_group_sizes,
+)
+from disco_xla.hlo.devices import already_partitioned, device_counts, needs_partitioning
 from disco_xla.hlo.flops import estimate_flops, total_flops
 from disco_xla.hlo.gradients import BackwardCode, is_gradient_reduction
 from disco_xla.hlo.opcodes import (
@@ -44,31 +51,6 @@ __all__ = [  # the opcode sets are read through this module too
     "CONTROL_FLOW_OPCODES",
     "REDUCTION_OPCODES",
 ]
-
-
-def collective_kind(instr: Instruction) -> str:
-    """What a collective instruction does, whether written in one piece or as an
-    asynchronous start: 'all-reduce', 'all-gather', 'reduce-scatter',
-    'all-to-all', 'collective-permute' or 'collective-broadcast'."""
-    opcode = instr.opcode.removesuffix("-start")
-    return "all-to-all" if opcode == "ragged-all-to-all" else opcode
-
-
-def collective_bytes(instr: Instruction) -> int:
-    """The size of the whole buffer a collective moves, which the communication
-    model reads: the result of an all-reduce, all-gather, all-to-all or permute,
-    the operand of a reduce-scatter (the larger of operand and result). The
-    result of an asynchronous start other than all-reduce's is a tuple of its
-    operands, its results and scratch values: element 1 is the result."""
-    operand_bytes = sum(operand.shape.bytes for operand in instr.operands)
-    shape = instr.shape
-    if instr.opcode.endswith("-start") and instr.opcode != "all-reduce-start":
-        if shape.is_tuple and len(shape.tuple_shapes) >= 2:
-            shape = shape.tuple_shapes[1]
-    return max(operand_bytes, shape.bytes)
-
-
-_REDUCTION_BY_ROOT = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "product"}
 
 
 class Instruction:
@@ -480,8 +462,8 @@ class HloModule:
             for instr in computation.instructions:
                 if instr.opcode not in REDUCTION_OPCODES:
                     continue
-                reduction = _reduction_kind(instr)
-                group_size, _ = _replica_groups(instr.proto)
+                reduction = reduction_kind(instr)
+                group_size, _ = replica_group_sizes(instr.proto)
                 cross_device = group_size is None or group_size > 1
                 found.append(
                     AllReduce(
@@ -492,7 +474,7 @@ class HloModule:
                         tensors=len(instr.operands),
                         reduction=reduction,
                         group_size=group_size,
-                        scope=_collective_scope(instr.proto),
+                        scope=collective_scope(instr.proto),
                         is_gradient=is_gradient_reduction(
                             instr, reduction == "sum" and cross_device, backward
                         ),
@@ -517,42 +499,8 @@ class HloModule:
         return Counter(instr.opcode for instr in self.instructions())
 
     def device_counts(self) -> dict[str, int]:
-        """num_replicas and num_partitions. A module proto carries no config, so
-        they come from the device assignment when present, else from the shardings
-        and the collectives' device groups."""
-        assignment = self.proto.device_assignment
-        if assignment.replica_count or assignment.computation_count:
-            return {
-                "num_replicas": max(1, assignment.replica_count),
-                "num_partitions": max(1, assignment.computation_count),
-            }
-        partitions = 1
-        replica_devices = partition_devices = global_devices = 1
-        for instr in self.instructions():
-            proto = instr.proto
-            if proto.HasField("sharding"):
-                partitions = max(partitions, _sharding_devices(proto.sharding))
-            if instr.opcode in ALL_REDUCE_OPCODES or instr.opcode in (
-                "all-gather",
-                "reduce-scatter",
-                "all-to-all",
-            ):
-                _, devices = _replica_groups(proto)
-                scope = _collective_scope(proto)
-                if scope == "replica":
-                    replica_devices = max(replica_devices, devices or 1)
-                elif scope == "partition":
-                    partition_devices = max(partition_devices, devices or 1)
-                else:
-                    global_devices = max(global_devices, devices or 1)
-        partitions = max(partitions, partition_devices)
-        replicas = replica_devices
-        if global_devices > partitions * replicas:
-            if partitions > 1:
-                replicas = max(replicas, global_devices // partitions)
-            else:
-                partitions = global_devices
-        return {"num_replicas": replicas, "num_partitions": partitions}
+        """num_replicas and num_partitions (`devices.device_counts`)."""
+        return device_counts(self)
 
     def worker_count(self) -> int:
         """The devices the step runs on: replicas times partitions."""
@@ -562,51 +510,17 @@ class HloModule:
     @property
     def already_partitioned(self) -> bool:
         """Whether this is one partition's program, as XLA's SPMD partitioner
-        leaves it (an `after_spmd-partitioning` dump, or a sharded `jax.jit` step
-        captured after partitioning): several partitions, cross-partition
-        collectives or `partition-id`, and no sharding custom-calls left for a
-        partitioner (`jax.pmap` and `shard_map` modules have those). Such a
-        module must not be partitioned again."""
-        if self.device_counts()["num_partitions"] < 2:
-            return False
-        partitioned = False
-        for instr in self.instructions():
-            if instr.opcode == "custom-call" and _is_partitioner_marker(
-                instr.proto.custom_call_target
-            ):
-                return False
-            if instr.opcode == "partition-id" or (
-                instr.opcode in COLLECTIVE_OPCODES and instr.proto.channel_id
-            ):
-                partitioned = True
-        return partitioned
+        leaves it (`devices.already_partitioned`)."""
+        return already_partitioned(self)
 
     @property
     def needs_partitioning(self) -> bool:
         """Whether XLA's SPMD partitioner will split this module over several
-        devices by its shardings alone (a `jax.jit` step with sharded arguments
-        before XLA compiles it): several partitions, no collective written yet,
-        and no manual region (`shard_map` and `pmap` keep theirs in
-        `xla.sdy.manual_computation_body` computations, whose collectives the
-        user wrote). Its gradient all-reduces appear only after partitioning."""
-        if self.device_counts()["num_partitions"] < 2 or self.already_partitioned:
-            return False
-        if any("manual_computation" in computation.name for computation in self.computations):
-            return False
-        return not any(instr.opcode in COLLECTIVE_OPCODES for instr in self.instructions())
+        devices by its shardings alone (`devices.needs_partitioning`)."""
+        return needs_partitioning(self)
 
     def __repr__(self) -> str:
         return f"<HloModule {self.name}: {len(self.computations)} computations>"
-
-
-def _is_partitioner_marker(target: str) -> bool:
-    """Custom-calls that a module before SPMD partitioning carries (manual
-    regions of shard_map/pmap, sharding annotations)."""
-    return target.startswith("xla.sdy.") or target in (
-        "Sharding",
-        "SPMDFullToShardShape",
-        "SPMDShardToFullShape",
-    )
 
 
 def _reorder(repeated, items) -> bool:
@@ -631,108 +545,3 @@ def _module_inside_wrapper(data: bytes):
     if wrapper.HasField("hlo_module") and wrapper.hlo_module.computations:
         return wrapper.hlo_module
     return None
-
-
-def _reduction_kind(instr: Instruction) -> str:
-    if not instr.called_computations:
-        return "unknown"
-    root = instr.called_computations[0].root
-    return _REDUCTION_BY_ROOT.get(root.opcode, root.opcode)
-
-
-def _collective_scope(proto) -> str:
-    if not proto.channel_id:
-        return "replica"
-    return "global" if proto.use_global_device_ids else "partition"
-
-
-def _replica_groups(proto) -> tuple[int | None, int | None]:
-    """(devices per group, highest device id + 1) of a collective; (None, None)
-    when the groups are empty, which means all devices in one group."""
-    groups = None
-    iota = None
-    device_list = proto.collective_device_list
-    if device_list.replica_groups:
-        groups = device_list.replica_groups
-    elif device_list.iota_replica_group_list.num_devices_per_group:
-        iota = device_list.iota_replica_group_list
-    elif proto.replica_groups:
-        groups = proto.replica_groups
-    elif proto.iota_collective_device_list.num_devices_per_group:
-        iota = proto.iota_collective_device_list
-    if iota is None and proto.mesh_axes_replica_group_list.HasField("mesh"):
-        return _mesh_axes_groups(proto.mesh_axes_replica_group_list)
-    if iota is not None:
-        per_group = iota.num_devices_per_group
-        return per_group, max(1, iota.num_replica_groups) * per_group
-    if not groups:
-        return None, None
-    ids = [list(g.replica_ids) for g in groups]
-    largest = max((max(g) for g in ids if g), default=0)
-    return max(len(g) for g in ids), largest + 1
-
-
-def device_groups(proto) -> tuple:
-    """The device groups of a collective as a tuple of device-id tuples, so that
-    groups written in different forms (explicit lists, iota lists, mesh axes with
-    or without size-1 axes) compare equal when they are the same; () when the
-    groups are empty (all devices in one group)."""
-    device_list = proto.collective_device_list
-    if device_list.replica_groups:
-        return tuple(tuple(g.replica_ids) for g in device_list.replica_groups)
-    for iota in (device_list.iota_replica_group_list, proto.iota_collective_device_list):
-        if iota.num_devices_per_group:
-            ids = np.arange(math.prod(iota.iota_reshape_dims)).reshape(iota.iota_reshape_dims)
-            ids = ids.transpose(list(iota.iota_transpose_perm) or None)
-            return tuple(map(tuple, ids.reshape(-1, iota.num_devices_per_group).tolist()))
-    if proto.mesh_axes_replica_group_list.HasField("mesh"):
-        return _mesh_axes_key(proto.mesh_axes_replica_group_list)
-    return tuple(tuple(g.replica_ids) for g in proto.replica_groups)
-
-
-def _mesh_axes_key(groups) -> tuple:
-    """The device groups of mesh-axes groups: a group holds the devices that
-    differ only along the listed axes."""
-    sizes = [max(axis.size, 1) for axis in groups.mesh.axes]
-    if any(axis.HasField("sub_axis_info") for axis in groups.axes):
-        # Parts of axes: keep the written form (equal only when written alike).
-        return (groups.SerializeToString(deterministic=True),)
-    mesh = groups.mesh
-    if mesh.device_ids:
-        ids = np.array(list(mesh.device_ids))
-    elif mesh.HasField("iota_device_ids"):
-        iota = mesh.iota_device_ids
-        ids = np.arange(math.prod(sizes)).reshape(list(iota.reshape_dims))
-        ids = ids.transpose(list(iota.transpose_perm) or None)
-    else:
-        ids = np.arange(math.prod(sizes))
-    ids = ids.reshape(sizes)
-    spanned = [axis.mesh_axis_index for axis in groups.axes]
-    others = [index for index in range(len(sizes)) if index not in spanned]
-    per_group = math.prod(sizes[index] for index in spanned)
-    ids = ids.transpose(others + spanned).reshape(-1, per_group)
-    return tuple(map(tuple, ids.tolist()))
-
-
-def _mesh_axes_groups(groups) -> tuple[int, int]:
-    """(devices per group, devices) of groups given as axes of a device mesh:
-    a group spans the listed axes (or parts of them) and the others tell the
-    groups apart."""
-    sizes = [max(axis.size, 1) for axis in groups.mesh.axes]
-    per_group = 1
-    for axis in groups.axes:
-        if axis.HasField("sub_axis_info") and axis.sub_axis_info.size:
-            per_group *= axis.sub_axis_info.size
-        elif 0 <= axis.mesh_axis_index < len(sizes):
-            per_group *= sizes[axis.mesh_axis_index]
-    return per_group, math.prod(sizes)
-
-
-def _sharding_devices(sharding) -> int:
-    if sharding.tuple_shardings:
-        return max(_sharding_devices(s) for s in sharding.tuple_shardings)
-    if sharding.type == 3:  # OTHER: tiled over devices
-        if sharding.tile_assignment_devices:
-            return len(sharding.tile_assignment_devices)
-        return math.prod(max(d, 1) for d in sharding.tile_assignment_dimensions)
-    return 1

@@ -33,7 +33,8 @@ partitions is refused.
 from __future__ import annotations
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo.graph import COLLECTIVE_OPCODES, HloModule, device_groups
+from disco_xla.hlo.collectives import device_groups
+from disco_xla.hlo.graph import COLLECTIVE_OPCODES, HloModule
 
 # Collectives that can name their groups by global device ids; the others
 # (all-to-all, collective-permute, ...) become cross-replica by losing their

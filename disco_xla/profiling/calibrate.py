@@ -27,7 +27,7 @@ step. The step's own dispatch is counted once per step (`step_overhead_s`,
 
 The other collectives (all-gather, reduce-scatter, all-to-all, collective-permute)
 are timed the same way at every other size (`collective_probes`), each on a
-buffer of that size as `graph.collective_bytes` counts it (the gathered result,
+buffer of that size as `collectives.collective_bytes` counts it (the gathered result,
 the scattered operand), and become what each adds to a computing step with its
 own in-step probe (`in_step_points`). The profile carries them as
 `calibration.collective_points`, which `comm.collective_s` reads.
@@ -382,7 +382,7 @@ def sizes_by_kind(sizes: list[int]) -> dict[str, list[int]]:
 def collective_probes(axis: str, workers: int) -> dict[str, tuple[Callable, Callable]]:
     """{kind: (the collective on one worker's part of a vector over `axis`, the
     length of that part for a buffer of n elements)} for the all-reduce and each
-    of MEASURED_COLLECTIVE_KINDS. The buffer is what `graph.collective_bytes`
+    of MEASURED_COLLECTIVE_KINDS. The buffer is what `collectives.collective_bytes`
     counts: an all-gather's result (each worker gives n/p), a reduce-scatter's
     operand; an all-reduce, an all-to-all and a permute (to the next worker in a
     ring) move n."""

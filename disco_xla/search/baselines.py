@@ -46,7 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo.graph import HloModule, collective_bytes
+from disco_xla.hlo.collectives import collective_bytes
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import (
     Plan,
     bucket_kinds,

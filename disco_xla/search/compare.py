@@ -26,10 +26,11 @@ from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, sear
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
 from disco_xla.settings import DEFAULTS
 from disco_xla.simulator.cost_models import CostModel, boundary_charged
-from disco_xla.simulator.events import SimulationResult, simulate
+from disco_xla.simulator.events import simulate
 from disco_xla.simulator.incremental import GroupCosts
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import ClusterProfile
+from disco_xla.simulator.result import SimulationResult
 
 ABLATIONS = ("fusion-only", "bucketing-only")
 # The rows every report prints, in order.

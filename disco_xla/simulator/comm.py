@@ -12,7 +12,7 @@
 A flat ring over several nodes runs at the slowest link's speed.
 
 The other collectives are costed from the all-reduce model of the same buffer
-(S bytes, the whole unsharded tensor; `graph.collective_bytes`), by the ring
+(S bytes, the whole unsharded tensor; `collectives.collective_bytes`), by the ring
 formulas' ratios, so that a calibrated all-reduce calibrates them too:
 - all-gather and reduce-scatter are each one half of a ring all-reduce,
   (p-1)·alpha + (p-1)/p · S/B: half the all-reduce time;
@@ -127,7 +127,7 @@ COLLECTIVE_KINDS = tuple(_SHARE_OF_ALL_REDUCE)
 def collective_s(
     kind: str, size_bytes: float, profile: ClusterProfile, all_reduce: CommCostFn = all_reduce_s
 ) -> float:
-    """The time of collective `kind` (`graph.collective_kind`) on a buffer of
+    """The time of collective `kind` (`collectives.collective_kind`) on a buffer of
     `size_bytes`: read off the profile's measured points for that kind when it
     has them and `all_reduce` is the profile's own model, else from the
     all-reduce model `all_reduce` by the ring ratios."""

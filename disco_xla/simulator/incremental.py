@@ -37,7 +37,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from disco_xla.hlo.graph import HloModule, collective_bytes, collective_kind
+from disco_xla.hlo.collectives import collective_bytes, collective_kind
+from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import (
     Plan,
     bucket_kinds,
@@ -48,14 +49,13 @@ from disco_xla.simulator.comm import CommCostFn, all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import PS_PER_S, communication_ps, simulate, to_ps
 from disco_xla.simulator.kernels import (
-    CallKey,
-    ModuleIndex,
     TaskGraph,
     build_task_graph,
+    group_kernel,
     kernel_order,
-    module_index,
     tuple_element_sizes,
 )
+from disco_xla.simulator.module_index import CallKey, ModuleIndex, module_index
 from disco_xla.simulator.profiles import ClusterProfile
 from disco_xla.simulator.streams import bucket_streams, streams_iteration_ps
 
@@ -91,7 +91,7 @@ class CollectiveInfo(NamedTuple):
     reads: frozenset[int]  # all-reduce atoms it reads
     elements: tuple[int, ...]  # tensor sizes of a tuple all-reduce, else ()
     runs: int  # how many times it runs in one step (`ModuleIndex.runs`)
-    kind: str  # `graph.collective_kind`
+    kind: str  # `collectives.collective_kind`
 
 
 class GroupCosts:
@@ -114,7 +114,7 @@ class GroupCosts:
     def durations(self, groups: list[tuple[str, ...]]) -> list[int]:
         missing = list(dict.fromkeys(g for g in groups if g not in self.cache))
         if missing:
-            kernels = [self.index.kernel(g, g[0]) for g in missing]
+            kernels = [group_kernel(self.index, g, g[0]) for g in missing]
             seconds = self.cost_model.kernels_s(TaskGraph(kernels, [], [], []))
             scale = self.kernel_time_scale
             for group, value in zip(missing, seconds, strict=True):

@@ -55,7 +55,7 @@ def profile_directories() -> list[Path]:
 
 
 # The collectives `disco-xla calibrate` times beside the all-reduce, named as
-# `graph.collective_kind` names them.
+# `collectives.collective_kind` names them.
 MEASURED_COLLECTIVE_KINDS = ("all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -130,7 +130,7 @@ class ClusterProfile:
     # them instead of the fitted ring formula (see `comm.all_reduce_s`).
     all_reduce_points: tuple[tuple[float, float], ...] = ()
     # The same for other collectives, by kind (`MEASURED_COLLECTIVE_KINDS`), each
-    # point on a buffer of that many bytes as `graph.collective_bytes` counts it.
+    # point on a buffer of that many bytes as `collectives.collective_bytes` counts it.
     # Where present, `comm.collective_s` reads them instead of the ring ratios.
     collective_points: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     # The same machine measured at other worker counts (`other_worker_counts`):

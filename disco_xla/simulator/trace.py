@@ -4,7 +4,7 @@ thread."""
 
 from __future__ import annotations
 
-from disco_xla.simulator.events import SimulationResult
+from disco_xla.simulator.result import SimulationResult
 
 
 def chrome_trace(result: SimulationResult) -> dict:

@@ -140,7 +140,7 @@ def test_an_all_to_all_over_a_permuted_mesh_axis_exchanges_with_the_right_partne
     module = capture_jax(fn, x)
     (exchange,) = [i for i in module.instructions() if i.opcode == "all-to-all"]
     assert exchange.proto.mesh_axes_replica_group_list.mesh.HasField("iota_device_ids")
-    from disco_xla.hlo.graph import device_groups
+    from disco_xla.hlo.collectives import device_groups
 
     assert device_groups(exchange.proto) == ((0, 1), (2, 3))
     expected = fn(x)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from disco_xla import save_module
-from disco_xla.hlo.graph import collective_bytes, collective_kind
+from disco_xla.hlo.collectives import collective_bytes, collective_kind
 from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.search.backtracking import greedy_fusion_plan
