@@ -113,7 +113,7 @@ def _measure(args: argparse.Namespace, workers: int) -> tuple:
     `profiling.calibrate`, with a progress bar on a terminal."""
     from tqdm import tqdm
 
-    from disco_xla.profiling import calibrate
+    from disco_xla.profiling import calibrate, calibrate_processes
 
     sizes = [s for s in calibrate.SIZES_BYTES if s <= args.max_bytes]
     quiet = args.json or not sys.stderr.isatty()
@@ -124,7 +124,7 @@ def _measure(args: argparse.Namespace, workers: int) -> tuple:
     ):
         if args.processes:
             runtime = "multi-process jax.distributed, gloo on loopback"
-            collective_steps, tuple_share, step = calibrate.measure_multi_process(
+            collective_steps, tuple_share, step = calibrate_processes.measure_multi_process(
                 args.processes, sizes, args.repeats
             )
             bar.update(probes)
