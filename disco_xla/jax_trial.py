@@ -90,10 +90,13 @@ def recorded_choice(function: OptimizedFunction, call: CallArguments):
     choice for it (else None, and nothing is lowered when the cache records no
     traced step at all)."""
     settings = function._settings
-    if not settings.use_cache or not PlanCache(settings.cache_dir).has_traced_steps():
+    if not settings.use_cache:
+        return None
+    cache = PlanCache(settings.cache_dir)  # one instance: each opens the file anew
+    if not cache.has_traced_steps():
         return None
     lowered = function._original.lower(*call.args, **call.kwargs)
-    chosen = PlanCache(settings.cache_dir).traced_step_choice(traced_step_key(lowered, settings))
+    chosen = cache.traced_step_choice(traced_step_key(lowered, settings))
     return lowered if chosen is not None else None
 
 
