@@ -28,19 +28,22 @@ buckets; the simulator then makes it wait for its whole bucket.
 from __future__ import annotations
 
 import hashlib
-import heapq
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-from disco_xla.hlo.collectives import collective_bytes, collective_kind
 from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.plan import Plan
-from disco_xla.simulator.module_index import CallKey, ModuleIndex, module_index
-
-# Asynchronous starts whose tuple shape is (operand, result[, contexts]).
-_START_TUPLES = frozenset({"all-gather-start", "collective-permute-start"})
+from disco_xla.simulator.module_index import ModuleIndex, module_index
+from disco_xla.simulator.plan_kernels import (
+    CollectiveInfo,
+    kernel_order,
+    kernel_predecessors,
+    module_collectives,
+    order_priorities,
+    plan_kernels,
+)
 
 
 @dataclass(frozen=True)
@@ -255,50 +258,6 @@ def kernel_for(
     )
 
 
-def kernel_instances(
-    index: ModuleIndex, plan: Plan
-) -> tuple[list[tuple[int, CallKey]], dict[int, int]]:
-    """The kernels of `plan` before ordering: (group, call key) for each, and the
-    kernel of every compute atom."""
-    by_name = index.by_name
-    kernels: list[tuple[int, CallKey]] = []
-    kernel_of_atom: dict[int, int] = {}
-    for group_index, group in enumerate(plan.fusion_groups):
-        computation = by_name[group[0]].computation
-        keys = index.instances.get(computation.name, [()])
-        for key in keys:
-            kernel = len(kernels)
-            kernels.append((group_index, key))
-            for name in group:
-                atom = index.atom_of[(id(by_name[name]), key)]
-                kernel_of_atom[atom] = kernel
-    return kernels, kernel_of_atom
-
-
-def kernel_order(priority: list, predecessors: list[set[int]]) -> list[int]:
-    """The topological order that, among ready kernels, runs the lowest
-    `priority` first (Kahn's algorithm with a heap)."""
-    count = len(priority)
-    users: list[list[int]] = [[] for _ in range(count)]
-    waiting = [len(p) for p in predecessors]
-    for kernel, preds in enumerate(predecessors):
-        for pred in preds:
-            users[pred].append(kernel)
-    ready = [(priority[k], k) for k in range(count) if waiting[k] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, kernel = heapq.heappop(ready)
-        order.append(kernel)
-        for user in users[kernel]:
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                heapq.heappush(ready, (priority[user], user))
-    if len(order) != count:
-        raise ValueError("the plan's kernels have a cycle; run verify_plan first")
-    return order
-
-
 def build_task_graph(
     module: HloModule,
     plan: Plan,
@@ -313,31 +272,30 @@ def build_task_graph(
     XLA compiled, is always a tuple all-reduce. With `collectives_block_compute`
     the compute stream waits for each collective (`TaskGraph`)."""
     index = module_index(module)
-    instances, kernel_of_atom = kernel_instances(index, plan)
+    plan_kernel_parts = plan_kernels(index, plan.fusion_groups)
+    instances = plan_kernel_parts.instances
     kernel_count = len(instances)
-    task_of_atom = dict(kernel_of_atom)
+    task_of_atom = dict(plan_kernel_parts.kernel_of_atom)
     comms = _CommunicationTasks(index, kernel_count, task_of_atom)
     for bucket in plan.all_reduce_buckets:
         comms.add_bucket(bucket, tuple_buckets)
-    for atom, (instr, key) in enumerate(index.atoms):
-        if atom not in task_of_atom:  # a collective that is not a gradient
-            comms.add_other(atom, instr, key)
-    tasks = kernel_count + len(comms.communications)
-    dependencies, order_preds = _task_dependencies(
-        index, task_of_atom, kernel_of_atom, kernel_count, tasks
+    collectives = module_collectives(index)
+    for atom, info in zip(collectives.others, collectives.other_info, strict=True):
+        comms.add_other(atom, info)
+    dependencies = _task_dependencies(index, task_of_atom, kernel_count + len(comms.communications))
+    order = kernel_order(
+        order_priorities(plan_kernel_parts, len(plan.fusion_groups)),
+        kernel_predecessors(plan_kernel_parts),
     )
-    priority = _kernel_priorities(index, instances, kernel_of_atom)
-    order = kernel_order(priority, order_preds)
     renumber = {old: new for new, old in enumerate(order)}
     renumber.update({t: t for t in range(kernel_count, len(dependencies))})
     kernels, kernel_runs = [], []
-    by_name = index.by_name
     for old in order:
         group, key = instances[old]
         names = tuple(plan.fusion_groups[group])
         label = names[0] + (f"@{key[-1]}" if key else "")
         kernels.append(group_kernel(index, names, label))
-        kernel_runs.append(index.instance_runs(by_name[names[0]], key))
+        kernel_runs.append(plan_kernel_parts.parts[old].runs)
     ordered_dependencies = [sorted(renumber[d] for d in dependencies[old]) for old in order]
     ordered_dependencies += [
         sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
@@ -357,11 +315,13 @@ def build_task_graph(
 
 class _CommunicationTasks:
     """The communication tasks of a task graph, numbered from `kernel_count` on:
-    the plan's buckets in order, then every other collective in atom order.
-    `task_of_atom` gets the task of each collective atom."""
+    the plan's buckets in order, then every other collective in atom order
+    (`plan_kernels.module_collectives`). `task_of_atom` gets the task of each
+    collective atom."""
 
     def __init__(self, index: ModuleIndex, kernel_count: int, task_of_atom: dict[int, int]):
         self.index, self.kernel_count, self.task_of_atom = index, kernel_count, task_of_atom
+        self.gradient_info = module_collectives(index).gradient_info
         self.communications: list[tuple[str, int, tuple[str, ...]]] = []
         self.is_bucket: list[bool] = []
         self.tuple_element_bytes: list[tuple[int, ...]] = []
@@ -369,85 +329,48 @@ class _CommunicationTasks:
         self.kinds: list[str] = []
 
     def add_bucket(self, bucket: tuple[str, ...], tuple_buckets: bool) -> None:
-        index = self.index
-        by_name = index.by_name
         task = self.kernel_count + len(self.communications)
-        for name in bucket:
-            for atom in index.atoms_of_name[name]:
+        infos = [self.gradient_info[name] for name in bucket]
+        for info in infos:
+            for atom in info.atoms:
                 self.task_of_atom[atom] = task
-        self.runs.append(index.name_runs(bucket[0]))
-        self.kinds.append(collective_kind(by_name[bucket[0]]))  # one kind a bucket
         label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
-        size = sum(collective_bytes(by_name[n]) for n in bucket)
-        self.communications.append((label, size, tuple(bucket)))
+        self.communications.append((label, sum(info.size for info in infos), tuple(bucket)))
+        self.runs.append(infos[0].runs)  # a bucket's gradients share their computation
+        self.kinds.append(infos[0].kind)  # one kind a bucket
         self.is_bucket.append(True)
-        elements = [leaf.bytes for n in bucket for leaf in by_name[n].shape.leaves()]
-        is_tuple = len(elements) > 1 and (tuple_buckets or len(bucket) == 1)
-        self.tuple_element_bytes.append(tuple(elements) if is_tuple else ())
+        if len(bucket) == 1:
+            self.tuple_element_bytes.append(infos[0].elements)
+        elif tuple_buckets:
+            by_name = self.index.by_name
+            elements = [leaf.bytes for n in bucket for leaf in by_name[n].shape.leaves()]
+            self.tuple_element_bytes.append(tuple(elements))
+        else:
+            self.tuple_element_bytes.append(())
 
-    def add_other(self, atom: int, instr: Instruction, key: CallKey) -> None:
+    def add_other(self, atom: int, info: CollectiveInfo) -> None:
         self.task_of_atom[atom] = self.kernel_count + len(self.communications)
+        instr, key = self.index.atoms[atom]
         label = instr.name + (f"@{key[-1]}" if key else "")
-        self.communications.append((label, collective_bytes(instr), (instr.name,)))
-        self.runs.append(self.index.instance_runs(instr, key))
-        self.kinds.append(collective_kind(instr))
+        self.communications.append((label, info.size, (instr.name,)))
+        self.runs.append(info.runs)
+        self.kinds.append(info.kind)
         self.is_bucket.append(False)
-        self.tuple_element_bytes.append(tuple_element_sizes(instr))
-
-
-def tuple_element_sizes(instr: Instruction) -> tuple[int, ...]:
-    """The bytes of each tensor of a tuple collective (one that sends several),
-    else (). An asynchronous start's tuple holds its operand and result (and
-    contexts), not tensors sent one after another."""
-    if instr.opcode in _START_TUPLES:
-        return ()
-    elements = tuple(leaf.bytes for leaf in instr.shape.leaves())
-    return elements if len(elements) > 1 else ()
+        self.tuple_element_bytes.append(info.elements)
 
 
 def _task_dependencies(
-    index: ModuleIndex,
-    task_of_atom: dict[int, int],
-    kernel_of_atom: dict[int, int],
-    kernel_count: int,
-    tasks: int,
-) -> tuple[list[set[int]], list[set[int]]]:
-    """(the tasks each task reads, the kernels each kernel waits for in the
-    order: through all-reduces, to the kernels that produced the gradient)."""
+    index: ModuleIndex, task_of_atom: dict[int, int], tasks: int
+) -> list[set[int]]:
+    """The tasks each task reads."""
     dependencies: list[set[int]] = [set() for _ in range(tasks)]
-    order_preds: list[set[int]] = [set() for _ in range(kernel_count)]
     for atom, task in task_of_atom.items():
         deps = dependencies[task]
         for source in index.inputs[atom]:
             deps.add(task_of_atom[source])
-        if task < kernel_count:
-            preds = order_preds[task]
-            for source in index.order_inputs[atom]:
-                preds.add(kernel_of_atom[source])
     for task, deps in enumerate(dependencies):
         deps.discard(task)
-    for kernel, preds in enumerate(order_preds):
-        preds.discard(kernel)
-    return dependencies, order_preds
-
-
-def _kernel_priorities(
-    index: ModuleIndex, instances: list[tuple[int, CallKey]], kernel_of_atom: dict[int, int]
-) -> list[tuple]:
-    """Each kernel's priority in the order (see the module docstring): whether it
-    reads a collective, its kernel rank, its group's place in the plan, its call key."""
-    kernel_count = len(instances)
-    reads_comm = [False] * kernel_count
-    for atom, kernel in kernel_of_atom.items():
-        if not reads_comm[kernel] and any(not index.is_compute[s] for s in index.inputs[atom]):
-            reads_comm[kernel] = True
-    atoms_of_kernel: list[list[int]] = [[] for _ in range(kernel_count)]
-    for atom, kernel in kernel_of_atom.items():
-        atoms_of_kernel[kernel].append(atom)
-    return [
-        (reads_comm[k], index.kernel_rank(atoms_of_kernel[k]), group, key)
-        for k, (group, key) in enumerate(instances)
-    ]
+    return dependencies
 
 
 def group_kernel(index: ModuleIndex, group: tuple[str, ...], label: str) -> Kernel:

@@ -1,0 +1,236 @@
+"""A plan's kernels and their order, and what each collective brings to a
+communication task: the parts that `kernels.build_task_graph` and the
+incremental simulator (`simulator.incremental`) both build from, so that both
+number, order and cost the same tasks.
+
+A fusion group's kernel has one part per instance of its computation
+(`group_parts`, cached per module index). A plan's kernels are its groups'
+parts in plan order (`plan_kernels`), and the compute stream runs them in the
+order `kernel_order` gives: Kahn's algorithm by `order_priorities`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+from itertools import repeat
+from typing import NamedTuple
+
+from disco_xla.hlo.collectives import collective_bytes, collective_kind
+from disco_xla.hlo.graph import Instruction
+from disco_xla.simulator.module_index import CallKey, ModuleIndex
+
+# Asynchronous starts whose tuple shape is (operand, result[, contexts]).
+_START_TUPLES = frozenset({"all-gather-start", "collective-permute-start"})
+
+
+class KernelPart(NamedTuple):
+    """One instance of a fusion group's kernel (one call site of its computation):
+    what every plan with the group shares."""
+
+    key: CallKey
+    atoms: tuple[int, ...]  # in the group's order
+    order_sources: frozenset[int]  # compute atoms outside it that it waits for (order)
+    order_targets: frozenset[int]  # compute atoms outside it that wait for it (order)
+    reads: frozenset[int]  # the collective atoms it reads
+    expensive: int  # dots and convolutions in it
+    rank: int  # `ModuleIndex.kernel_rank`
+    runs: int  # how many times this instance runs in one step (`ModuleIndex.runs`)
+
+
+_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def group_parts(index: ModuleIndex, group: tuple[str, ...]) -> tuple[KernelPart, ...]:
+    """The group's kernel in each instance of its computation, call keys in
+    order, built once per module."""
+    cache = _PARTS.get(index)
+    if cache is None:
+        cache = _PARTS[index] = {}
+    found = cache.get(group)
+    if found is None:
+        members = [id(index.by_name[name]) for name in group]
+        computation = index.by_name[group[0]].computation
+        found = cache[group] = tuple(
+            _part(index, tuple(index.atom_of[(member, key)] for member in members), key)
+            for key in index.instances.get(computation.name, [()])
+        )
+    return found
+
+
+def _part(index: ModuleIndex, atoms: tuple[int, ...], key: CallKey) -> KernelPart:
+    order_inputs, inputs, is_compute = index.order_inputs, index.inputs, index.is_compute
+    sources = {s for atom in atoms for s in order_inputs[atom]}
+    sources.difference_update(atoms)
+    targets = {u for atom in atoms for u in index.order_users[atom]}
+    targets.difference_update(atoms)
+    return KernelPart(
+        key,
+        atoms,
+        frozenset(sources),
+        frozenset(targets),
+        frozenset(s for atom in atoms for s in inputs[atom] if not is_compute[s]),
+        sum(index.is_expensive[a] for a in atoms),
+        index.kernel_rank(atoms),
+        index.instance_runs(index.atoms[atoms[0]][0], key),
+    )
+
+
+class PlanKernels(NamedTuple):
+    """A plan's kernels before ordering: its groups' parts in plan order."""
+
+    instances: list[tuple[int, CallKey]]  # per kernel: (group number, call key)
+    kernel_of_atom: dict[int, int]  # the kernel of every compute atom
+    parts: list[KernelPart]  # per kernel
+    call_rank: list[int]  # per kernel: its part's place among its group's parts
+    single: list[bool]  # per kernel: its group's computation has one instance
+
+
+def plan_kernels(index: ModuleIndex, groups) -> PlanKernels:
+    """The kernels of a plan with fusion `groups`, numbered group by group."""
+    kernels = PlanKernels([], {}, [], [], [])
+    instances, kernel_of_atom = kernels.instances, kernels.kernel_of_atom
+    for group_number, group in enumerate(groups):
+        parts = group_parts(index, group)
+        if len(parts) == 1:  # the common case, apart for speed
+            kernel = len(instances)
+            for atom in parts[0].atoms:
+                kernel_of_atom[atom] = kernel
+            instances.append((group_number, parts[0].key))
+            kernels.call_rank.append(0)
+            kernels.parts.append(parts[0])
+            kernels.single.append(True)
+            continue
+        for call, part in enumerate(parts):
+            kernel_of_atom.update(zip(part.atoms, repeat(len(instances))))
+            instances.append((group_number, part.key))
+            kernels.call_rank.append(call)
+        kernels.parts.extend(parts)
+        kernels.single.extend([False] * len(parts))
+    return kernels
+
+
+def kernel_predecessors(kernels: PlanKernels) -> list[set[int]]:
+    """The kernels each kernel waits for in the order (through all-reduces, the
+    kernels that produced the gradient)."""
+    kernel_of_atom = kernels.kernel_of_atom
+    predecessors = []
+    for kernel, part in enumerate(kernels.parts):
+        preds = {kernel_of_atom[s] for s in part.order_sources}
+        preds.discard(kernel)
+        predecessors.append(preds)
+    return predecessors
+
+
+def order_priorities(kernels: PlanKernels, group_count: int) -> list[int]:
+    """Each kernel's priority in the order, lowest first: whether it reads a
+    collective, its kernel rank, its group's place in the plan, its call key
+    (`kernels`' module docstring). Integers in that lexicographic order, which
+    compare faster than tuples."""
+    parts = kernels.parts
+    rank_bound = 1 + max((part.rank for part in parts), default=0)
+    call_bound = 1 + max(kernels.call_rank, default=0)
+    return [
+        ((bool(part.reads) * rank_bound + part.rank) * group_count + group) * call_bound + call
+        for part, (group, _), call in zip(parts, kernels.instances, kernels.call_rank, strict=True)
+    ]
+
+
+def kernel_order(priority: list, predecessors: list[set[int]]) -> list[int]:
+    """The topological order that, among ready kernels, runs the lowest
+    `priority` first (Kahn's algorithm with a heap)."""
+    count = len(priority)
+    users: list[list[int]] = [[] for _ in range(count)]
+    waiting = [len(p) for p in predecessors]
+    for kernel, preds in enumerate(predecessors):
+        for pred in preds:
+            users[pred].append(kernel)
+    ready = [(priority[k], k) for k in range(count) if waiting[k] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, kernel = heapq.heappop(ready)
+        order.append(kernel)
+        for user in users[kernel]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (priority[user], user))
+    if len(order) != count:
+        raise ValueError("the plan's kernels have a cycle; run verify_plan first")
+    return order
+
+
+class CollectiveInfo(NamedTuple):
+    """What a gradient all-reduce or another collective brings to a communication
+    task, whatever the plan."""
+
+    size: int  # bytes
+    atoms: list[int]
+    producer_atoms: tuple[int, ...]  # compute atoms it reads
+    reads: frozenset[int]  # collective atoms it reads
+    elements: tuple[int, ...]  # tensor sizes of a tuple collective, else ()
+    runs: int  # how many times it runs in one step (`ModuleIndex.runs`)
+    kind: str  # `collectives.collective_kind`
+
+
+class Collectives(NamedTuple):
+    """The module's collectives, whatever the plan."""
+
+    others: list[int]  # the atoms of collectives that are not gradients, in atom order
+    gradient_info: dict[str, CollectiveInfo]  # by gradient all-reduce name
+    other_info: list[CollectiveInfo]  # of each of `others`
+    name_of: dict[int, str]  # the instruction name of every collective atom
+
+
+_COLLECTIVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def module_collectives(index: ModuleIndex) -> Collectives:
+    """`Collectives` of the index's module, built once per module."""
+    found = _COLLECTIVES.get(index)
+    if found is None:
+        gradients = {a.name for a in index.module.gradient_all_reduces}
+        others = [
+            atom
+            for atom, compute in enumerate(index.is_compute)
+            if not compute and index.atoms[atom][0].name not in gradients
+        ]
+        found = _COLLECTIVES[index] = Collectives(
+            others,
+            {name: collective_info(index, index.atoms_of_name[name]) for name in gradients},
+            [collective_info(index, [atom]) for atom in others],
+            {a: index.atoms[a][0].name for a in range(len(index.atoms)) if not index.is_compute[a]},
+        )
+    return found
+
+
+def collective_info(index: ModuleIndex, atoms: list[int]) -> CollectiveInfo:
+    """`CollectiveInfo` of the collective whose atoms (one per instance of its
+    computation) are `atoms`."""
+    instr = index.atoms[atoms[0]][0]
+    producer_atoms, reads = [], set()
+    for atom in atoms:
+        for source in index.inputs[atom]:
+            if index.is_compute[source]:
+                producer_atoms.append(source)
+            else:
+                reads.add(source)
+    return CollectiveInfo(
+        collective_bytes(instr),
+        atoms,
+        tuple(producer_atoms),
+        frozenset(reads),
+        tuple_element_sizes(instr),
+        sum(index.instance_runs(*index.atoms[atom]) for atom in atoms),
+        collective_kind(instr),
+    )
+
+
+def tuple_element_sizes(instr: Instruction) -> tuple[int, ...]:
+    """The bytes of each tensor of a tuple collective (one that sends several),
+    else (). An asynchronous start's tuple holds its operand and result (and
+    contexts), not tensors sent one after another."""
+    if instr.opcode in _START_TUPLES:
+        return ()
+    elements = tuple(leaf.bytes for leaf in instr.shape.leaves())
+    return elements if len(elements) > 1 else ()
