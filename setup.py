@@ -31,7 +31,7 @@ setup(
     version="0.1.0",
     description="Joint op-fusion and all-reduce bucketing for data-parallel XLA programs (DisCo).",
     python_requires=">=3.11",
-    # disco_xla and its subpackages: cli, hlo_passes, simulator, search, runtime,
+    # disco_xla and its subpackages: cli, hlo_passes, simulator, search, runtime, costmodel,
     # profiling, zoo.
     packages=find_packages(include=["disco_xla", "disco_xla.*"]),
     install_requires=[
@@ -51,7 +51,7 @@ setup(
     # Cluster profiles, found by name at run time (see disco_xla/simulator/profiles.py).
     data_files=[
         ("share/disco-xla/configs/clusters", glob.glob("configs/clusters/*.yaml")),
-        # Shipped GNN cost-model weights (see disco_xla/simulator/gnn.py).
+        # Shipped GNN cost-model weights (see disco_xla/costmodel/weights.py).
         ("share/disco-xla/configs/costmodels/cpu", glob.glob("configs/costmodels/cpu/*")),
         ("share/disco-xla/configs/costmodels/h200", glob.glob("configs/costmodels/h200/*")),
     ],

@@ -17,7 +17,7 @@
 # (32x4d: grouped 3x3 convolutions, 32 groups) built from Keras layers, since
 # keras.applications has no grouped convolutions. Module and data set files are named
 # for the model with ':' as '_' (keras:MobileNetV2 -> keras_MobileNetV2.tiny.npz),
-# the model names that `MODEL_FAMILIES` in disco_xla/profiling/dataset.py maps
+# the model names that `MODEL_FAMILIES` in disco_xla/costmodel/dataset.py maps
 # to families for `benchmarks/gnn_cost_model.py --by family`.
 set -euo pipefail
 # Every family at least once: residual, plain, inception, encoder and decoder

@@ -55,7 +55,7 @@ def programs_of(
     from fusion_boundary_cost import captured
     from rank_fidelity import candidate_plans
 
-    from disco_xla.planning import xla_own_groups
+    from disco_xla.checked_rewrite import xla_own_groups
     from disco_xla.runtime.apply import NO_COMBINER
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search import optimize

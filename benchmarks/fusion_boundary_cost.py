@@ -150,8 +150,8 @@ def traced_time_by_opcode(module, runs: int = 3) -> dict[str, float]:
 
 
 def measure(name: str, rounds: int, trace: bool, variants=VARIANTS) -> dict:
+    from disco_xla.checked_rewrite import xla_own_groups
     from disco_xla.plan import EXPENSIVE_OPCODES, departing_groups
-    from disco_xla.planning import xla_own_groups
     from disco_xla.runtime.apply import NO_COMBINER, apply_plan, verify_rewrite
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.xla_fusion import xla_fusion_plan

@@ -8,7 +8,7 @@ held-out model's kernels: MAPE, median APE and Kendall τ of the GNN and of the
 roofline (`--cluster` profile).
 
 `--by family`: the same, holding out every model of one architecture family at
-a time (`MODEL_FAMILIES` in `disco_xla/profiling/dataset.py`; a model it lacks
+a time (`MODEL_FAMILIES` in `disco_xla/costmodel/dataset.py`; a model it lacks
 stops the run with a one-line error). Each row also gives the held-out family's
 own noise floor and whether the targets are met: GNN MAPE ≤ 25%, GNN τ ≥ 0.85,
 and GNN MAPE ≤ 1.5x the family's noise MAPE. Every row also gives the GNN's
@@ -84,7 +84,7 @@ def measurement_noise(dataset, models=None) -> dict:
 def held_out_groups(dataset, by: str) -> dict[str, list[str]]:
     """{group: its models}, sorted: one group per model (`by='model'`) or per
     family (`by='family'`; DiscoInputError for a model without a family)."""
-    from disco_xla.profiling.dataset import model_family
+    from disco_xla.costmodel.dataset import model_family
 
     models = sorted(set(dataset.model.tolist()))
     if by == "model":
@@ -110,8 +110,8 @@ def hold_out_each(
 ) -> list[dict]:
     """Train without each group (model or family) in turn and evaluate on it:
     one row per group. `train_options` go to `train` (e.g. `max_steps`)."""
-    from disco_xla.profiling.dataset import model_family
-    from disco_xla.profiling.train_cost_model import evaluate, train
+    from disco_xla.costmodel.dataset import model_family
+    from disco_xla.costmodel.training import evaluate, train
 
     groups = held_out_groups(dataset, by)
     if len(groups) < 2:
@@ -222,10 +222,10 @@ def main() -> int:
     parser.add_argument("--cluster", default="cpu-local")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
+    from disco_xla.costmodel.dataset import load_datasets
+    from disco_xla.costmodel.training import measured
     from disco_xla.errors import DiscoInputError
-    from disco_xla.profiling.dataset import load_datasets
     from disco_xla.profiling.speed_reference import speed_normalised
-    from disco_xla.profiling.train_cost_model import measured
     from disco_xla.simulator.profiles import load_profile
 
     try:

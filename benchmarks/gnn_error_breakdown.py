@@ -27,7 +27,7 @@ def part_figures(predicted_s, measured_s, mask) -> dict | None:
     held-out kernels' summed absolute error (None for fewer than two)."""
     import numpy as np
 
-    from disco_xla.profiling.train_cost_model import error_figures
+    from disco_xla.costmodel.training import error_figures
 
     if int(mask.sum()) < 2:
         return None
@@ -40,10 +40,10 @@ def part_figures(predicted_s, measured_s, mask) -> dict | None:
 
 def breakdown(data, predicted_s, worst: int = 10) -> dict:
     """Error figures of the held-out kernels `data` (one per distinct kernel,
-    `train_cost_model.measured`) against `predicted_s`, by part."""
+    `training.measured`) against `predicted_s`, by part."""
     import numpy as np
 
-    from disco_xla.profiling.train_cost_model import error_figures, library_kernels
+    from disco_xla.costmodel.training import error_figures, library_kernels
 
     measured_s = data.time_s
     library = library_kernels(data)
@@ -113,9 +113,9 @@ def main() -> int:
     args = parser.parse_args()
     import numpy as np
 
+    from disco_xla.costmodel.dataset import load_datasets
+    from disco_xla.costmodel.training import measured, train
     from disco_xla.errors import DiscoInputError
-    from disco_xla.profiling.dataset import load_datasets
-    from disco_xla.profiling.train_cost_model import measured, train
 
     try:
         dataset = load_datasets(args.datasets)

@@ -36,13 +36,10 @@ def main() -> int:
     parser.add_argument("--plans", type=int, default=6, help="sampled plans per zoo model")
     args = parser.parse_args()
     jax.config.update("jax_num_cpu_devices", 2)
+    from disco_xla.costmodel.features import kernel_graph
+    from disco_xla.costmodel.network import GnnCostModel, stack_graphs
+    from disco_xla.costmodel.weights import default_model_directory
     from disco_xla.profiling.sample_plans import group_kernels, sample_plans
-    from disco_xla.simulator.gnn import (
-        GnnCostModel,
-        default_model_directory,
-        stack_graphs,
-    )
-    from disco_xla.simulator.kernel_features import kernel_graph
     from disco_xla.zoo import capture_model
 
     model = GnnCostModel.load(args.model or default_model_directory())

@@ -41,7 +41,7 @@ def kernel_medians(dataset) -> dict[tuple[str, str], tuple[str, float, bool]]:
     """{(module, structural hash): (model, median time in seconds, whether it
     holds a dot or a convolution)}, one entry per distinct kernel of each
     module, as the GNN is evaluated."""
-    from disco_xla.profiling.train_cost_model import library_kernels, measured
+    from disco_xla.costmodel.training import library_kernels, measured
 
     distinct = measured(dataset)
     columns = zip(
@@ -63,8 +63,8 @@ def reproducibility(first, second) -> list[dict]:
     hold: the second collection's times scored as predictions of the first's."""
     import numpy as np
 
-    from disco_xla.profiling.dataset import model_family
-    from disco_xla.profiling.train_cost_model import error_figures
+    from disco_xla.costmodel.dataset import model_family
+    from disco_xla.costmodel.training import error_figures
 
     a, b = kernel_medians(first), kernel_medians(second)
     common = sorted(set(a) & set(b))
@@ -115,8 +115,8 @@ def main() -> int:
     )
     parser.add_argument("--json", action="store_true", help="print JSON, not a table")
     args = parser.parse_args()
+    from disco_xla.costmodel.dataset import load_datasets
     from disco_xla.errors import DiscoInputError
-    from disco_xla.profiling.dataset import load_datasets
 
     try:
         first, second = load_datasets(args.first), load_datasets(args.second)

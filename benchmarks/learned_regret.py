@@ -67,7 +67,7 @@ def learned_times(module, plans: dict, repeats: int) -> dict[str, float]:
 def simulated_times(module, plans: dict, profile, table: dict | None, xla_graph) -> dict:
     """Each plan's simulated step time (the roofline, or `table` first), and
     XLA's own program's under 'xla'."""
-    from disco_xla.planning import xla_own_groups
+    from disco_xla.checked_rewrite import xla_own_groups
     from disco_xla.simulator.cost_models import (
         RooflineCostModel,
         TableCostModel,
@@ -100,7 +100,7 @@ def measure(name: str, args, module=None) -> dict:
     from disco_xla.plan_cache import CandidateRecord
     from disco_xla.planning import PlanChoice, find_plan, learn_kernel_times
     from disco_xla.runtime.agreement import broadcast
-    from disco_xla.runtime.apply import NO_COMBINER, time_candidates
+    from disco_xla.runtime.apply import NO_COMBINER, compile_separately, time_candidates
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.search.baselines import captured_baselines
     from disco_xla.search.ranking import rank_fidelity
@@ -121,7 +121,7 @@ def measure(name: str, args, module=None) -> dict:
     topic = f"learned_regret/{name}"
 
     def first_search() -> str:
-        choice = find_plan(module, settings)
+        choice = find_plan(module, settings, compile_separately)
         return json.dumps({"key": choice.cache_key, "record": choice.candidates.to_json()})
 
     shared = json.loads(broadcast(f"{topic}/first", first_search))
@@ -144,7 +144,7 @@ def measure(name: str, args, module=None) -> dict:
             measured_run = {"first": first, "xla-nocombine": baselines["xla-nocombine"].plan}
             table = learned_times(module, measured_run, args.repeats)
             learn_kernel_times(settings, table)
-        second = find_plan(module, settings)
+        second = find_plan(module, settings, compile_separately)
         return json.dumps(
             {
                 "plan": second.plan.to_json(),

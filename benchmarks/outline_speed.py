@@ -42,13 +42,14 @@ def _outline_function(path: str | None):
 def measure(name: str, repeats: int, outline) -> dict:
     from disco_xla.hlo.graph import HloModule
     from disco_xla.planning import OptimizeSettings, find_plan
+    from disco_xla.runtime.apply import compile_separately
     from disco_xla.zoo.tf_steps import build_tf_step
 
     step = build_tf_step(name, "tiny", batch=2)
     data = step.fn.experimental_get_compiler_ir(*step.args)(stage="hlo_serialized")
     module = HloModule.from_bytes(data, f"<tf:{name}>", "memory")
     settings = OptimizeSettings(max_evaluations=20, use_cache=False)
-    plan = find_plan(module, settings).plan
+    plan = find_plan(module, settings, compile_separately).plan
     seconds = []
     for _ in range(repeats):
         copy = HloModule.from_bytes(module.to_bytes(), "copy")

@@ -10,7 +10,7 @@ process) it makes at least --plans distinct legal plans (`candidate_plans`):
   order, cut at a log-uniform random byte threshold), and a few random
   producer-consumer merges of XLA's fusion with the found plan's buckets.
 
-Each plan becomes the program the rewrite writes for it (`planning.rewrite`: only
+Each plan becomes the program the rewrite writes for it (`checked_rewrite.rewrite`: only
 groups that depart from XLA's fusion get a boundary); plans whose programs are the
 same count once, under the first label. `xla` is XLA's own program (combiner on),
 simulated as the `xla` baseline. Every program runs on the same random inputs in
@@ -102,7 +102,7 @@ def distinct_programs(module, plans: dict, wanted: int) -> tuple[dict, dict, dic
     """({label: rewritten module}, {label: plan}, {label: why it was left out})
     for the plans in order, one label per distinct program, the sampled ones only
     until `wanted` programs are there."""
-    from disco_xla.planning import rewrite
+    from disco_xla.checked_rewrite import rewrite
 
     programs, kept, left_out = {}, {}, {}
     seen = {module.fingerprint: "xla"}
@@ -127,8 +127,8 @@ def measure(name: str, args, module=None) -> dict:
     import jax
     from fusion_boundary_cost import captured
 
+    from disco_xla.checked_rewrite import xla_own_groups
     from disco_xla.plan import Plan
-    from disco_xla.planning import xla_own_groups
     from disco_xla.runtime.agreement import broadcast, gather
     from disco_xla.runtime.apply import NO_COMBINER, time_candidates
     from disco_xla.runtime.xla_runner import compile_module

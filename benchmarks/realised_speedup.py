@@ -48,8 +48,8 @@ def measure(name: str, cluster: str, rounds: int, max_evaluations: int, module=N
     """One model's row; `module` is its captured step (else captured here)."""
     from fusion_boundary_cost import captured
 
+    from disco_xla.checked_rewrite import rewrite, xla_own_groups
     from disco_xla.plan import Plan, departing_groups
-    from disco_xla.planning import rewrite, xla_own_groups
     from disco_xla.runtime.agreement import broadcast, gather
     from disco_xla.runtime.apply import NO_COMBINER, time_candidates
     from disco_xla.runtime.xla_runner import compile_module

@@ -80,7 +80,8 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=8)
     args = parser.parse_args()
     zoo_cache.use_devices(args.replicas)
-    from disco_xla.search.compare import ROWS, compare_plans
+    from disco_xla.search.pipeline import ROWS, Pricing, plan_module
+    from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.cost_models import RooflineCostModel
     from disco_xla.simulator.profiles import load_profile
 
@@ -109,15 +110,14 @@ def main() -> int:
         for cluster in args.clusters:
             profile = load_profile(cluster)
             started = time.perf_counter()
-            comparison = compare_plans(
-                module,
-                compiled,
-                profile,
-                RooflineCostModel(profile),
+            settings = OptimizeSettings(
+                cluster=cluster,
                 budget_s=args.budget_s,
                 max_evaluations=args.max_evals,
                 seed=args.seed,
             )
+            prices = Pricing(profile, RooflineCostModel(profile))  # the cluster's full size
+            comparison = plan_module(module, settings, prices, compiled, ablations=True)
             total_s = time.perf_counter() - started
             results = comparison.results
             found = results["found"]

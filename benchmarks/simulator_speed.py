@@ -64,6 +64,7 @@ def resnet50_incremental(moves_to_time: int, evaluations: int) -> None:
     from disco_xla.plan import verify_plan
     from disco_xla.search.backtracking import _neighbours, search
     from disco_xla.search.xla_fusion import xla_fusion_plan
+    from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.cost_models import RooflineCostModel
     from disco_xla.simulator.events import simulate
     from disco_xla.simulator.incremental import PlanState
@@ -126,9 +127,8 @@ def resnet50_incremental(moves_to_time: int, evaluations: int) -> None:
         f"exactness: {mismatches} of {min(len(evaluated), 60)} evaluated moves "
         "differ from a full run"
     )
-    result = search(
-        module, profile, cost_model, [plan], max_evaluations=evaluations, budget_s=600, seed=0
-    )
+    settings = OptimizeSettings(max_evaluations=evaluations, budget_s=600, seed=0)
+    result = search(module, profile, cost_model, [plan], settings)
     print(
         f"search from XLA's fusion: {result.evaluations} evaluations in {result.search_s:.2f} s = "
         f"{result.evaluations / result.search_s:.0f} evaluations/s (target >= 2,000); "

@@ -326,12 +326,13 @@ def validate_model(name: str, size: str, workers: int, args, profile) -> list[di
     from jax.sharding import Mesh
     from measure_speedup import _local_leaves, _zoo_size
 
+    from disco_xla.costmodel.network import GnnCostModel
+    from disco_xla.costmodel.weights import default_model_directory
     from disco_xla.plan import Plan
     from disco_xla.profiling.kernel_times import profile_kernel_times
     from disco_xla.runtime.apply import compare_outputs
     from disco_xla.simulator.cost_models import RooflineCostModel
     from disco_xla.simulator.events import simulate
-    from disco_xla.simulator.gnn import GnnCostModel, default_model_directory
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.zoo.jax_steps import AXIS, build_jax_step
 

@@ -178,20 +178,20 @@ def _search(module, profile, settings):
     """Step 2: the search and every baseline, simulated; (comparison, plan path)."""
     from disco_xla.runtime.apply import NO_COMBINER
     from disco_xla.runtime.xla_runner import compile_module
-    from disco_xla.search.compare import compare_plans, format_table
+    from disco_xla.search.pipeline import Pricing, plan_module
+    from disco_xla.search.summary import format_table
     from disco_xla.simulator.cost_models import RooflineCostModel
 
     print(
         f"\n2. searching with the {settings.cluster} profile ({settings.max_evaluations} plans;"
         f" calibrated in one process\n   on {DEVICES} CPU devices, where steps 3 and 4 measure) ..."
     )
-    comparison = compare_plans(
+    comparison = plan_module(
         module,
+        settings,
+        Pricing(profile, RooflineCostModel(profile)),  # calibrated here, in one process
         compile_module(module, NO_COMBINER),
-        profile,
-        RooflineCostModel(profile),
-        max_evaluations=settings.max_evaluations,
-        seed=settings.seed,
+        ablations=True,
     )
     print(format_table(comparison))
     plan_path = os.path.join(OUTPUT_DIR, "plan.json")
@@ -218,10 +218,10 @@ def _buckets_alone_s(module, profile, comparison) -> float:
 def _apply(module, profile, comparison, plan_path: str):
     """Step 3: the plan applied as `disco-xla optimize -o` applies it, each
     program's simulated time beside its measured one; the
-    `planning.checked_rewrite` result."""
+    `checked_rewrite.checked_rewrite` result."""
+    from disco_xla.checked_rewrite import checked_rewrite, xla_own_groups
     from disco_xla.hlo.hlo_io import save_module
     from disco_xla.plan import departing_groups
-    from disco_xla.planning import checked_rewrite, xla_own_groups
 
     print("\n3. applying the plan, checked against XLA's own program on random inputs ...")
     plan, results = comparison.found.plan, comparison.results

@@ -46,66 +46,64 @@ class HookFlags(OptimizeSettings):
         return OptimizeSettings(**{f.name: getattr(self, f.name) for f in fields(OptimizeSettings)})
 
 
-def _flag_values():
-    from absl import flags
-
-    values = flags.FlagValues()
-    flags.DEFINE_boolean(
-        "disco_enable", False, "optimise data-parallel JAX steps", flag_values=values
-    )
-    flags.DEFINE_string(
-        "disco_cluster", DEFAULTS.cluster, "cluster profile: name or YAML", flag_values=values
-    )
-    flags.DEFINE_float(
-        "disco_budget_s", DEFAULTS.budget_s, "search budget per step, seconds", flag_values=values
-    )
-    flags.DEFINE_integer(
+# The hook's flags, as DISCO_XLA_FLAGS takes them: (absl flag type, name, default, help).
+_FLAG_DEFINITIONS: tuple[tuple[str, str, object, str], ...] = (
+    ("boolean", "disco_enable", False, "optimise data-parallel JAX steps"),
+    ("string", "disco_cluster", DEFAULTS.cluster, "cluster profile: name or YAML"),
+    ("float", "disco_budget_s", DEFAULTS.budget_s, "search budget per step, seconds"),
+    (
+        "integer",
         "disco_max_evaluations",
         DEFAULTS.max_evaluations,
         "plans simulated per search",
-        flag_values=values,
-    )
-    flags.DEFINE_integer("disco_seed", DEFAULTS.seed, "search seed", flag_values=values)
-    flags.DEFINE_string(
-        "disco_cost_model", DEFAULTS.cost_model, "kernel cost model", flag_values=values
-    )
-    flags.DEFINE_string(
-        "disco_cache_dir", None, "plan cache (default ~/.cache/disco_xla)", flag_values=values
-    )
-    flags.DEFINE_boolean(
-        "disco_cache", DEFAULTS.use_cache, "use the plan cache", flag_values=values
-    )
-    flags.DEFINE_boolean(
+    ),
+    ("integer", "disco_seed", DEFAULTS.seed, "search seed"),
+    ("string", "disco_cost_model", DEFAULTS.cost_model, "kernel cost model"),
+    ("string", "disco_cache_dir", None, "plan cache (default ~/.cache/disco_xla)"),
+    ("boolean", "disco_cache", DEFAULTS.use_cache, "use the plan cache"),
+    (
+        "boolean",
         "disco_check_speed",
         DEFAULTS.check_speed,
         "time the candidates on the first call and run the fastest (or the original)",
-        flag_values=values,
-    )
-    flags.DEFINE_integer(
+    ),
+    (
+        "integer",
         "disco_candidates",
         DEFAULTS.candidates,
         "the search's best plans timed on the first call",
-        flag_values=values,
-    )
-    flags.DEFINE_boolean(
+    ),
+    (
+        "boolean",
         "disco_background",
         DEFAULTS.background,
         "search, compile and time the candidates off the step's critical path",
-        flag_values=values,
-    )
-    flags.DEFINE_string(
+    ),
+    (
+        "string",
         "disco_report",
         None,
         "at exit, write each optimised step's status and measurements to this JSON file "
         "(rank r > 0 of a multi-process job writes FILE.r)",
-        flag_values=values,
-    )
-    flags.DEFINE_float(
+    ),
+    (
+        "float",
         "disco_measure_budget_s",
         DEFAULTS.measure_budget_s,
         "wall-clock cap on timing the candidates, seconds",
-        flag_values=values,
-    )
+    ),
+)
+
+
+def _flag_values():
+    """A fresh absl `FlagValues` holding the hook's flags (`_FLAG_DEFINITIONS`),
+    apart from the script's own absl flags."""
+    from absl import flags
+
+    values = flags.FlagValues()
+    for flag_type, name, default, help_text in _FLAG_DEFINITIONS:
+        define = getattr(flags, f"DEFINE_{flag_type}")
+        define(name, default, help_text, flag_values=values)
     return values
 
 

@@ -58,9 +58,10 @@ def shared_choice(module, settings: OptimizeSettings, step: int, wait_s: float):
     """Rank 0's `PlanChoice` (from its cache or its search), on every rank."""
     from disco_xla.plan_cache import CandidateRecord
     from disco_xla.planning import PlanChoice, find_plan
+    from disco_xla.runtime.apply import compile_separately
 
     def found() -> str:
-        choice = find_plan(module, settings)
+        choice = find_plan(module, settings, compile_separately)
         return json.dumps({"key": choice.cache_key, "record": choice.candidates.to_json()})
 
     shared = json.loads(broadcast(f"step{step}/plan", found, wait_s))
@@ -211,7 +212,7 @@ class JaxTrial(Trial):
         return jax.process_index() == 0
 
     def _rewritten(self, plan, fusion: bool):
-        from disco_xla.planning import rewrite
+        from disco_xla.checked_rewrite import rewrite
 
         return rewrite(self.module, plan, fusion, check=False)
 

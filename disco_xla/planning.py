@@ -1,18 +1,20 @@
-"""From a captured module to a checked, rewritten module: what every entry point
-(`disco_xla.jit`, `disco_xla.tf_function`, the env hook, the CLI) shares.
-
-`find_plan` reads the plan cache or searches (and fills the cache);
-`rewrite` applies the plan and verifies the result compiles to the plan's
-all-reduces. Both take one `OptimizeSettings` value.
+"""From a captured module to its plan and the candidates to measure beside it:
+what every entry point (`disco_xla.jit`, `disco_xla.tf_function`, the env hook)
+shares. `find_plan` reads the plan cache or runs the planning pipeline
+(`search.pipeline`) and fills the cache; the first call's measurements go back
+to the cache (`remember_measurement`, `learn_kernel_times`). Every function
+takes one `OptimizeSettings` value. Planning compiles nothing: the caller hands
+it XLA's compile (`find_plan`'s `compile_separately`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo_passes.inline_calls import InlineCalls
 from disco_xla.plan import Plan
 from disco_xla.plan_cache import (
     CandidateRecord,
@@ -21,10 +23,16 @@ from disco_xla.plan_cache import (
     machine_key,
     times_digest,
 )
+from disco_xla.search.baselines import sends_tuples
+from disco_xla.search.pipeline import PlanComparison, plan_module, pricing
 from disco_xla.settings import OptimizeSettings
-
-if TYPE_CHECKING:
-    from disco_xla.simulator.step_time_fit import CollectiveCosts
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import ClusterProfile, load_profile
+from disco_xla.simulator.step_time_fit import (
+    CollectiveCosts,
+    fit_collective_costs,
+    message_counts,
+)
 
 
 @dataclass(frozen=True)
@@ -41,8 +49,6 @@ class PlanChoice:
 def prepared(module: HloModule) -> HloModule:
     """The module plans are made for: `module` with its `call`s inlined, as XLA
     inlines them before fusion (a copy; `module` is left as it is)."""
-    from disco_xla.hlo_passes.inline_calls import InlineCalls
-
     copy = HloModule.from_bytes(module.to_bytes(), module.source, module.file_format)
     InlineCalls().run(copy)
     return copy
@@ -53,17 +59,23 @@ def has_cross_device_all_reduces(module: HloModule) -> bool:
     return bool(module.gradient_all_reduces)
 
 
-def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
+def find_plan(
+    module: HloModule,
+    settings: OptimizeSettings,
+    compile_separately: Callable[[HloModule], HloModule] | None = None,
+) -> PlanChoice:
     """The plan for `module`, and the candidates to measure beside it
     (`measured_alternatives`): from the cache when there, else searched and
     cached. The search reads the kernel times measured on this machine
     (`learn_kernel_times`) first, the settings' cost model for other kernels,
     and prices each collective and each tuple tensor at what the step times
     measured on this machine before imply (`learned_collective_costs`). A
-    cached plan found with costs far from today's is searched again."""
-    from disco_xla.search import optimize_with_candidates
-    from disco_xla.simulator.profiles import load_profile
+    cached plan found with costs far from today's is searched again.
 
+    `compile_separately(module)` is XLA's compile of the module with its
+    all-reduce combiner off (`runtime.apply.compile_separately`), called only
+    when the search runs: the search then starts from every baseline too. It
+    may raise; the search then runs from its own starts."""
     started = time.perf_counter()
     profile = load_profile(settings.cluster)
     cache = PlanCache(settings.cache_dir) if settings.use_cache else None
@@ -73,42 +85,55 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     learned = learned_collective_costs(cache, profile, module) if cache is not None else None
     priced = profile.for_workers(module.worker_count())  # as measured at the module's count
     charged = learned.applied_to(priced) if learned is not None else priced
-    message_s, tuple_element_s = charged.collective_message_s, charged.tuple_all_reduce_element_s
     options = settings.search_options()
     if measured_s:
         options["measured_kernels"] = times_digest(measured_s)
     key = cache_key(module.fingerprint, profile, options)
     if cache is not None:
-        plan = cache.get(key)
-        if plan is not None and plan.fingerprint == module.fingerprint:
-            record = cache.get_candidates(key) or CandidateRecord({"plan": plan})
-            # Searched again once what a collective costs here has moved far
-            # from what the plan was found with (the first measured run teaches it).
-            if not (
-                _moved_far(record.message_s, message_s)
-                or _moved_far(record.tuple_element_s, tuple_element_s)
-            ):
-                return PlanChoice(plan, True, time.perf_counter() - started, record, key)
+        cached = _cached_plan(cache, key, module, charged)
+        if cached is not None:
+            return PlanChoice(cached[0], True, time.perf_counter() - started, cached[1], key)
     try:  # XLA's own fusion: the search then starts from every baseline too
-        from disco_xla.runtime.apply import NO_COMBINER
-        from disco_xla.runtime.xla_runner import compile_module
-
-        compiled = compile_module(module, NO_COMBINER)
+        compiled = compile_separately(module) if compile_separately else None
     except Exception:  # noqa: BLE001 - the search still runs, from its other starts
         compiled = None
-    found, baselines = optimize_with_candidates(
-        module,
-        compiled=compiled,
-        cluster=settings.cluster,
-        budget_s=settings.budget_s,
-        max_evaluations=settings.max_evaluations,
-        alpha=settings.alpha,
-        seed=settings.seed,
-        cost_model=settings.cost_model,
-        keep=settings.candidates,
-        measured_s=measured_s,
-        learned=learned,
-    )
+    prices = pricing(module, settings, measured_s=measured_s, learned=learned)
+    comparison = plan_module(module, settings, prices, compiled, keep=settings.candidates)
+    record = _candidate_record(module, settings, comparison, priced, charged)
+    if cache is not None:
+        cache.put(key, comparison.found.plan)
+        cache.put_candidates(key, record)
+    return PlanChoice(comparison.found.plan, False, time.perf_counter() - started, record, key)
+
+
+def _cached_plan(
+    cache: PlanCache, key: str, module: HloModule, charged: ClusterProfile
+) -> tuple[Plan, CandidateRecord] | None:
+    """The cached plan and its candidates, unless there is none for `module`, or what
+    a collective costs here (`charged`) has moved far from what the plan was
+    found with (the first measured run teaches it)."""
+    plan = cache.get(key)
+    if plan is None or plan.fingerprint != module.fingerprint:
+        return None
+    record = cache.get_candidates(key) or CandidateRecord({"plan": plan})
+    if _moved_far(record.message_s, charged.collective_message_s) or _moved_far(
+        record.tuple_element_s, charged.tuple_all_reduce_element_s
+    ):
+        return None
+    return plan, record
+
+
+def _candidate_record(
+    module: HloModule,
+    settings: OptimizeSettings,
+    comparison: PlanComparison,
+    priced: ClusterProfile,
+    charged: ClusterProfile,
+) -> CandidateRecord:
+    """The plans to measure (the search's best as 'plan', its next best, the
+    best baseline), their simulated times and what each runs per step, and XLA's
+    own program's as 'original'."""
+    found, baselines = comparison.found, comparison.baseline_plans
     top_plans = found.top_plans or ((found.iteration_s, found.plan),)
     alternatives, simulated = measured_alternatives(top_plans, baselines, settings.candidates)
     plans = {"plan": found.plan, **alternatives}
@@ -116,19 +141,15 @@ def find_plan(module: HloModule, settings: OptimizeSettings) -> PlanChoice:
     if "xla" in baselines:  # XLA's own program: what the first call times the others against
         counts["original"] = _original_message_counts(module, baselines["xla"][0], priced)
         simulated["original"] = baselines["xla"][1]
-    record = CandidateRecord(
+    return CandidateRecord(
         plans,
         simulated,
         messages={label: collectives for label, (collectives, _) in counts.items()},
-        message_s=message_s,
+        message_s=charged.collective_message_s,
         workers=module.worker_count(),
         tuple_tensors={label: tensors for label, (_, tensors) in counts.items()},
-        tuple_element_s=tuple_element_s,
+        tuple_element_s=charged.tuple_all_reduce_element_s,
     )
-    if cache is not None:
-        cache.put(key, found.plan)
-        cache.put_candidates(key, record)
-    return PlanChoice(found.plan, False, time.perf_counter() - started, record, key)
 
 
 def _moved_far(before_s: float, now_s: float) -> bool:
@@ -144,8 +165,6 @@ def _moved_far(before_s: float, now_s: float) -> bool:
 def _message_counts(module: HloModule, plans: dict[str, Plan]) -> dict[str, tuple[int, int]]:
     """What each plan's program runs per step: (collectives, tuple tensors)
     (`message_counts`)."""
-    from disco_xla.simulator.kernels import build_task_graph
-    from disco_xla.simulator.step_time_fit import message_counts
 
     return {label: message_counts(build_task_graph(module, p)) for label, p in plans.items()}
 
@@ -153,9 +172,6 @@ def _message_counts(module: HloModule, plans: dict[str, Plan]) -> dict[str, tupl
 def _original_message_counts(module: HloModule, xla_plan: Plan, profile) -> tuple[int, int]:
     """What XLA's own program (its fusion, its combined all-reduces: the
     `xla` baseline's plan) runs per step."""
-    from disco_xla.search.baselines import sends_tuples
-    from disco_xla.simulator.kernels import build_task_graph
-    from disco_xla.simulator.step_time_fit import message_counts
 
     return message_counts(build_task_graph(module, xla_plan, sends_tuples("xla", profile)))
 
@@ -165,7 +181,6 @@ def learned_collective_costs(cache: PlanCache, profile, module: HloModule) -> Co
     machine (`profile`) with `module`'s device count, fitted to the step times
     that first calls measured here (`step_time_fit.fit_collective_costs`);
     None for a cost they cannot tell (the profile's own then holds)."""
-    from disco_xla.simulator.step_time_fit import fit_collective_costs
 
     return fit_collective_costs(cache.step_times(machine_key(profile), module.worker_count()))
 
@@ -174,7 +189,6 @@ def learn_kernel_times(settings: OptimizeSettings, times_s: dict[str, float]) ->
     """Store kernel times measured on this machine (structural hash -> seconds)
     in the plan cache under `settings.cluster`'s profile, for every later
     search there (`find_plan`). False when there is no cache to store them in."""
-    from disco_xla.simulator.profiles import load_profile
 
     if not settings.use_cache or not times_s:
         return False
@@ -190,9 +204,6 @@ def remember_measurement(
     the next first call on this machine runs that candidate without timing the
     others again. The step times also go to the machine's table that later
     searches learn the cost of a collective from (`learned_collective_costs`)."""
-    from dataclasses import replace
-
-    from disco_xla.simulator.profiles import load_profile
 
     if not settings.use_cache or not choice.cache_key:
         return
@@ -202,217 +213,6 @@ def remember_measurement(
     if record.workers:  # what a collective costs in a step here, for the next searches
         machine = machine_key(load_profile(settings.cluster))
         cache.add_step_times(machine, record.workers, record.step_times())
-
-
-# XLA's own groups of the modules seen last, by fingerprint: every candidate of
-# one module is rewritten against the same compile.
-_OWN_GROUPS: dict[str, tuple[tuple[str, ...], ...] | None] = {}
-_OWN_GROUPS_KEPT = 8
-
-
-def xla_own_groups(module: HloModule) -> tuple[tuple[str, ...], ...] | None:
-    """The fusion groups XLA forms by itself on `module` (its compiled kernels
-    mapped back onto it; combiner off, as every baseline), or None when the
-    module does not compile here."""
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
-    from disco_xla.search.xla_fusion import xla_fusion_plan
-
-    if module.fingerprint in _OWN_GROUPS:
-        return _OWN_GROUPS[module.fingerprint]
-    try:
-        groups = xla_fusion_plan(module, compile_module(module, NO_COMBINER)).fusion_groups
-    except Exception:  # noqa: BLE001 - then every departing group is outlined
-        groups = None
-    if len(_OWN_GROUPS) >= _OWN_GROUPS_KEPT:
-        _OWN_GROUPS.pop(next(iter(_OWN_GROUPS)))
-    _OWN_GROUPS[module.fingerprint] = groups
-    return groups
-
-
-def rewrite(
-    module: HloModule,
-    plan: Plan,
-    fusion: bool = True,
-    check: bool = True,
-    source: str | None = None,
-) -> HloModule:
-    """The module rewritten to run `plan` (only its buckets with `fusion=False`),
-    verified to compile to its buckets unless `check=False` (then the caller
-    compiles it and calls `runtime.apply.check_all_reduces`). Only the groups
-    that depart from XLA's own fusion get a boundary."""
-    from disco_xla.runtime.apply import apply_plan
-
-    source = source or f"<plan for {module.name}>"
-    left_to_xla = xla_own_groups(module) if fusion else None
-    return apply_plan(
-        module, plan, plan_source=source, fusion=fusion, check=check, left_to_xla=left_to_xla
-    )
-
-
-# A module that needs more devices than this is not run here to check it.
-MAX_CHECK_DEVICES = 16
-
-
-@dataclass(frozen=True)
-class CheckedRewrite:
-    """What a safe rewrite wrote, and the measurements that chose it."""
-
-    module: HloModule  # the program to write
-    written: (
-        str  # 'plan', 'buckets' (the plan's buckets alone), an alternative's label, or 'original'
-    )
-    why: str  # one line: why this one
-    original_s: float | None  # median step times, paired (None when not measured)
-    written_s: float | None
-    equal: bool | None  # the written program's outputs against the original's
-    # label -> {'seconds', 'equal', 'max_rel_diff'} (and 'simulated_s' where
-    # known), {'error'}, or {'same_as': the label of the same program}
-    candidates: dict
-    plan: Plan | None = None  # the plan written (whole, or its buckets); None: the original
-
-    def measured(self) -> dict | None:
-        """The `measured` object of the CLI's JSON (None when not checked)."""
-        if self.original_s is None:
-            return None
-        return {
-            "original_s": self.original_s,
-            "written_s": self.written_s,
-            "equal": self.equal,
-            "written": self.written,
-            "candidates": self.candidates,
-        }
-
-
-def checked_rewrite(
-    module: HloModule,
-    plan: Plan,
-    source: str,
-    buckets_only: bool = False,
-    check: bool = True,
-    rounds: int = 5,
-    alternatives: dict[str, Plan] | None = None,
-    simulated_s: dict[str, float] | None = None,
-    budget_s: float | None = None,
-) -> CheckedRewrite:
-    """The best program for `plan` that is never slower than `module` nor
-    computes differently: the plan (fusion boundaries and buckets), its buckets
-    alone, or one of the `alternatives` (label -> plan: the search's next best
-    plans, the best baseline; each rewritten whole, or its buckets alone with
-    `buckets_only`), else `module` unchanged. Each candidate is run against the
-    original on the same random inputs on this machine's CPU devices, timed in
-    paired rotating rounds (their wall time capped by `budget_s`); the fastest
-    one that is equal and faster than the original is written (timed against
-    XLA's own program of `module`, all-reduce combiner on). The report gives each
-    candidate's measured time, and its simulated time from `simulated_s` (by
-    label) where known. `check=False` writes the plan (or its buckets)
-    unmeasured, for a module meant for another machine. Raises DiscoInputError
-    when the module cannot be checked here, or the plan does not fit it."""
-    from disco_xla.errors import DiscoInputError
-    from disco_xla.runtime.apply import time_candidates
-    from disco_xla.runtime.xla_runner import devices_needed
-
-    kinds = ("buckets",) if buckets_only else ("plan", "buckets")
-    if not check:
-        return _unchecked_rewrite(module, plan, kinds[0], source)
-    devices = devices_needed(module)
-    if devices > MAX_CHECK_DEVICES:
-        raise DiscoInputError(
-            module.source,
-            f"the module runs on {devices} devices; this machine checks rewrites on at most "
-            f"{MAX_CHECK_DEVICES} (pass --no-check to write the plan unchecked)",
-        )
-    wanted = {kind: (plan, kind == "plan") for kind in kinds}
-    for label, other in (alternatives or {}).items():
-        wanted[label] = (other, not buckets_only)
-    candidates, report = _distinct_rewrites(module, wanted, kinds, source)
-    # Against XLA's own program (combiner on): what the user would run otherwise.
-    try:
-        original_s, results = time_candidates(
-            module, candidates, devices, rounds, 0, (), budget_s=budget_s
-        )
-    except Exception as error:  # noqa: BLE001 - XLA's errors: the module does not run here
-        message = " ".join(str(error).split())[:300]
-        raise DiscoInputError(
-            module.source,
-            f"cannot run the module here to check the rewrite ({type(error).__name__}: "
-            f"{message}); pass --no-check to write the plan unchecked",
-        ) from None
-    _add_results(report, results, simulated_s or {})
-    passing = [
-        kind
-        for kind in results
-        if results[kind].outputs.equal and results[kind].seconds < original_s
-    ]
-    if passing:
-        best = min(passing, key=lambda kind: results[kind].seconds)
-        why = f"{original_s / results[best].seconds:.2f}x the original's speed, outputs equal"
-        if best != kinds[0]:
-            why += f"; the {kinds[0]} was {_refusal(report[kinds[0]], original_s)}"
-        return CheckedRewrite(
-            candidates[best],
-            best,
-            why,
-            original_s,
-            results[best].seconds,
-            True,
-            report,
-            wanted[best][0],
-        )
-    refusals = "; ".join(f"the {kind} {_refusal(report[kind], original_s)}" for kind in report)
-    return CheckedRewrite(module, "original", refusals, original_s, original_s, True, report)
-
-
-def _unchecked_rewrite(module: HloModule, plan: Plan, kind: str, source: str) -> CheckedRewrite:
-    """The plan (or its buckets alone, `kind`) written without running it."""
-    from disco_xla.errors import DiscoInputError
-    from disco_xla.runtime.apply import RewriteError
-
-    try:
-        written = rewrite(module, plan, fusion=kind == "plan", source=source)
-    except RewriteError as error:
-        raise DiscoInputError(source, str(error)) from None
-    return CheckedRewrite(written, kind, "not checked (--no-check)", None, None, None, {}, plan)
-
-
-def _add_results(report: dict[str, dict], results: dict, simulated_s: dict[str, float]) -> None:
-    """Each measured candidate's entry in the report, and the simulated
-    seconds of every candidate that has an entry."""
-    for kind, result in results.items():
-        report[kind] = {
-            "seconds": result.seconds,
-            "equal": result.outputs.equal,
-            "max_rel_diff": result.outputs.max_rel_diff,
-        }
-    for label, seconds in simulated_s.items():
-        if label in report:
-            report[label]["simulated_s"] = seconds
-
-
-def _distinct_rewrites(
-    module: HloModule, wanted: dict[str, tuple[Plan, bool]], kinds: tuple[str, ...], source: str
-) -> tuple[dict[str, HloModule], dict[str, dict]]:
-    """Each wanted candidate (label -> (plan, fusion)) rewritten, leaving out
-    those that make the same program as one before them; and the report's
-    entries of those that failed ({'error'}) or were left out ({'same_as'};
-    not for the plan's own `kinds`, which the report describes otherwise)."""
-    from disco_xla.runtime.apply import RewriteError
-
-    candidates: dict[str, HloModule] = {}
-    report: dict[str, dict] = {}
-    for label, (each, fusion) in wanted.items():
-        try:
-            candidate = rewrite(module, each, fusion=fusion, source=source)
-        except RewriteError as error:
-            report[label] = {"error": str(error)}
-            continue
-        same = [c for c, m in candidates.items() if m.fingerprint == candidate.fingerprint]
-        if same and label not in kinds:
-            report[label] = {"same_as": same[0]}
-        if same:
-            continue  # e.g. no fusion departure: the plan is its buckets
-        candidates[label] = candidate
-    return candidates, report
 
 
 def measured_alternatives(
@@ -440,16 +240,3 @@ def measured_alternatives(
         alternatives[f"baseline:{name}"] = others[name][0]
         simulated[f"baseline:{name}"] = others[name][1]
     return alternatives, simulated
-
-
-def _refusal(entry: dict, original_s: float) -> str:
-    """Why a measured candidate was not written, in a few words."""
-    if "error" in entry:
-        return f"failed ({entry['error']})"
-    if "same_as" in entry:
-        return f"the same program as the {entry['same_as']}"
-    if not entry["equal"]:
-        return f"computed differently (max relative difference {entry['max_rel_diff']:.2g})"
-    if entry["seconds"] >= original_s:
-        return f"slower ({original_s / entry['seconds']:.2f}x the original's speed)"
-    return "slower than the program written"

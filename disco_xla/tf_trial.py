@@ -85,8 +85,10 @@ class TfTrial(Trial):
         kwargs: dict,
     ):
         from disco_xla.planning import find_plan
+        from disco_xla.runtime.apply import compile_separately
 
-        super().__init__(module, find_plan(module, function._settings), function._settings)
+        choice = find_plan(module, function._settings, compile_separately)
+        super().__init__(module, choice, function._settings)
         self.function, self.layout, self.concrete_function = function, layout, concrete_function
         self.flat_arguments, self.args, self.kwargs = flat_arguments, args, kwargs
         self.steps: dict[str, Any] = {}  # label -> its optimised step, once timed
@@ -95,7 +97,8 @@ class TfTrial(Trial):
         self.values = _parameter_values(layout, self.flat_arguments, concrete_function)
 
     def _rewritten(self, plan, fusion: bool):
-        from disco_xla.planning import has_cross_device_all_reduces, rewrite
+        from disco_xla.checked_rewrite import rewrite
+        from disco_xla.planning import has_cross_device_all_reduces
 
         # A step on one device has no all-reduces for JAX's compile to check;
         # the comparison in TF checks the rewritten program itself.

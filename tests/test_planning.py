@@ -58,14 +58,15 @@ def test_kernel_times_measured_on_a_machine_steer_its_next_search(captured, tmp_
     not measured), so a plan whose kernels were measured slow is replaced."""
     from disco_xla.plan_cache import PlanCache, machine_key
     from disco_xla.planning import find_plan, learn_kernel_times
+    from disco_xla.runtime.apply import compile_separately
     from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
     step = HloModule.from_bytes(captured["jax_pmap_step"][0], "step")
     settings = OptimizeSettings(max_evaluations=40, budget_s=1e9, cache_dir=str(tmp_path))
-    first = find_plan(step, settings)
-    assert not first.from_cache and find_plan(step, settings).from_cache
+    first = find_plan(step, settings, compile_separately)
+    assert not first.from_cache and find_plan(step, settings, compile_separately).from_cache
     # Measured: every kernel of the first plan that fuses several instructions
     # takes a second, far beyond what the roofline gives it.
     fused = [k for k in build_task_graph(step, first.plan).kernels if len(k.instructions) > 1]
@@ -76,7 +77,9 @@ def test_kernel_times_measured_on_a_machine_steer_its_next_search(captured, tmp_
     assert PlanCache(tmp_path).kernel_times(machine) == slow
     learn_kernel_times(settings, {k: 3.0 for k in slow})  # measured again: the mean is kept
     assert PlanCache(tmp_path).kernel_times(machine) == {k: 2.0 for k in slow}
-    second = find_plan(step, settings)  # a new search: the measured times are new
+    second = find_plan(
+        step, settings, compile_separately
+    )  # a new search: the measured times are new
     assert not second.from_cache and second.plan != first.plan
     kernels = build_task_graph(step, second.plan).kernels
     assert not {k.structural_hash for k in kernels} & set(slow)
@@ -85,12 +88,13 @@ def test_kernel_times_measured_on_a_machine_steer_its_next_search(captured, tmp_
         cluster="a100-2x8-100g", max_evaluations=40, budget_s=1e9, cache_dir=str(tmp_path)
     )
     assert (
-        find_plan(step, elsewhere).plan
+        find_plan(step, elsewhere, compile_separately).plan
         == find_plan(
             step,
             OptimizeSettings(
                 cluster="a100-2x8-100g", max_evaluations=40, budget_s=1e9, use_cache=False
             ),
+            compile_separately,
         ).plan
     )
 
@@ -120,6 +124,7 @@ def test_step_times_measured_on_a_machine_price_its_collectives_in_the_next_sear
     fewer of them. Other device counts do not read them."""
     from disco_xla.plan_cache import PlanCache, machine_key
     from disco_xla.planning import find_plan, learned_collective_costs
+    from disco_xla.runtime.apply import compile_separately
     from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
@@ -141,7 +146,7 @@ def test_step_times_measured_on_a_machine_price_its_collectives_in_the_next_sear
         budget_s=1e9,
         cache_dir=str(tmp_path),
     )
-    first = find_plan(step, settings)
+    first = find_plan(step, settings, compile_separately)
     assert first.candidates.message_s == 0.0
     assert first.candidates.messages["plan"] == messages_per_step(
         build_task_graph(step, first.plan)
@@ -156,18 +161,20 @@ def test_step_times_measured_on_a_machine_price_its_collectives_in_the_next_sear
     measured = [StepTime("other", f"p{n}", n, 0.010, 1.5 * (0.010 + 0.02 * n)) for n in (1, 10, 40)]
     assert cache.add_step_times(machine_key(profile), workers, measured)
     assert learned_message_s(cache, profile, step) == pytest.approx(0.02, rel=0.13)
-    second = find_plan(step, settings)
+    second = find_plan(step, settings, compile_separately)
     assert not second.from_cache and second.cache_key == first.cache_key
     assert second.candidates.message_s == learned_message_s(cache, profile, step)
     sent = [messages_per_step(build_task_graph(step, c.plan)) for c in (first, second)]
     assert sent[0] > 2 and sent[1] < sent[0], sent
-    assert find_plan(step, settings).from_cache  # learned once: the plan stays cached
+    assert find_plan(
+        step, settings, compile_separately
+    ).from_cache  # learned once: the plan stays cached
     # A little more learned (within 2x) keeps it cached too.
     closer = [StepTime("near", f"p{n}", n, 0.010, 1.5 * (0.010 + 0.03 * n)) for n in (1, 10, 40)]
     assert cache.add_step_times(machine_key(profile), workers, closer)
     learned = learned_message_s(cache, profile, step)
     assert learned != second.candidates.message_s
-    assert find_plan(step, settings).from_cache
+    assert find_plan(step, settings, compile_separately).from_cache
     # Times measured with another device count are not this step's.
     dearer = [
         dataclasses.replace(t, module="third", measured_s=t.measured_s * t.messages)

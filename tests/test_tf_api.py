@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from disco_xla.checked_rewrite import xla_own_groups
 from disco_xla.hlo.graph import HloModule
 from disco_xla.jax_api import DiscoFallbackWarning
 from disco_xla.plan import departing_groups
 from disco_xla.plan_cache import PlanCache
-from disco_xla.planning import xla_own_groups
 from disco_xla.runtime.apply import compare_outputs
 from disco_xla.tf_api import tf_function
 from disco_xla.zoo.tf_steps import TF_MODELS, build_tf_step
@@ -333,16 +333,16 @@ class _RewriteSpy:
     """Counts the rewrites (one per candidate program built)."""
 
     def __init__(self, monkeypatch):
-        import disco_xla.planning
+        import disco_xla.checked_rewrite
 
         self.calls = 0
-        real = disco_xla.planning.rewrite
+        real = disco_xla.checked_rewrite.rewrite
 
         def counting(*args, **kwargs):
             self.calls += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(disco_xla.planning, "rewrite", counting)
+        monkeypatch.setattr(disco_xla.checked_rewrite, "rewrite", counting)
 
 
 def _beside_plain(optimized, plain, args, calls: int = 2) -> list[str]:

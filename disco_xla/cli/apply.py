@@ -56,23 +56,20 @@ def write_checked(
     module, plan, plan_source: str, args: argparse.Namespace, comparison=None, save: bool = True
 ):
     """Rewrite `module` for `plan`, checked on this machine (unless --no-check),
-    and save the program `planning.checked_rewrite` chose to `args.output`
+    and save the program `checked_rewrite.checked_rewrite` chose to `args.output`
     (unless `save` is False: then only its measurements are wanted). With the
     search's `comparison`, its next best plans and the best baseline are
     measured beside the plan (--candidates)."""
+    from disco_xla.checked_rewrite import checked_rewrite
     from disco_xla.hlo.hlo_io import save_module
-    from disco_xla.planning import checked_rewrite, measured_alternatives
+    from disco_xla.planning import measured_alternatives
 
     if args.rounds < 1:
         raise DiscoInputError(args.file, "--rounds must be at least 1")
     alternatives, simulated = {}, {}
     if comparison is not None:
-        baselines = {
-            name: (baseline.plan, comparison.results[name].iteration_s)
-            for name, baseline in comparison.baselines.items()
-        }
         alternatives, simulated = measured_alternatives(
-            comparison.found.top_plans, baselines, args.candidates
+            comparison.found.top_plans, comparison.baseline_plans, args.candidates
         )
     written = checked_rewrite(
         module,

@@ -24,9 +24,9 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.profiling.dataset import load_datasets
-    from disco_xla.profiling.train_cost_model import evaluate
-    from disco_xla.simulator.gnn import GnnCostModel
+    from disco_xla.costmodel.dataset import load_datasets
+    from disco_xla.costmodel.network import GnnCostModel
+    from disco_xla.costmodel.training import evaluate
     from disco_xla.simulator.profiles import load_profile
 
     model = GnnCostModel.load(args.model)

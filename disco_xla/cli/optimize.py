@@ -8,11 +8,17 @@ import argparse
 import json
 import sys
 
+from tqdm import tqdm
+
 from disco_xla.cli.apply import add_write_checks, write_checked, written_line
 from disco_xla.cli.shared import load_for_planning, use_devices
 from disco_xla.cli.simulate import COST_MODELS
 from disco_xla.errors import DiscoInputError
-from disco_xla.settings import DEFAULTS
+from disco_xla.runtime.apply import NO_COMBINER
+from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.search.pipeline import Pricing, plan_module, pricing
+from disco_xla.search.summary import comparison_summary, format_table
+from disco_xla.settings import DEFAULTS, OptimizeSettings
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
@@ -67,15 +73,12 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
-    from disco_xla.search.compare import comparison_summary, format_table
-    from disco_xla.simulator.cost_models import make_cost_model
-    from disco_xla.simulator.profiles import load_profile
-
     module = load_for_planning(args.file)
-    profile = load_profile(args.cluster, module.worker_count())
-    cost_model = make_cost_model(args.cost_model, profile, args.table)
+    settings = _settings(args)
+    prices = pricing(module, settings, args.table)
+    profile, cost_model = prices.profile, prices.cost_model
     use_devices(module)
-    comparison = _search(args, module, profile, cost_model)
+    comparison = _search(args, module, settings, prices)
     best = comparison.found
     plan_path = args.output if args.output.endswith(".json") else args.output + ".plan.json"
     _write_plan(plan_path, best.plan)
@@ -128,15 +131,23 @@ def _check_arguments(args: argparse.Namespace) -> None:
         )
 
 
-def _search(args: argparse.Namespace, module, profile, cost_model):
-    """`compare_plans` from XLA's fusion with its all-reduce combiner off (where
-    every baseline starts), a progress bar per search on a terminal."""
-    from tqdm import tqdm
+def _settings(args: argparse.Namespace) -> OptimizeSettings:
+    return OptimizeSettings(
+        cluster=args.cluster,
+        budget_s=args.budget_s,
+        max_evaluations=args.max_evals,
+        alpha=args.alpha,
+        seed=args.seed,
+        cost_model=args.cost_model,
+        candidates=args.candidates,
+        measure_budget_s=args.measure_budget_s,
+    )
 
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
-    from disco_xla.search.compare import compare_plans
 
+def _search(args: argparse.Namespace, module, settings: OptimizeSettings, prices: Pricing):
+    """The planning pipeline with both ablations, from XLA's fusion with its
+    all-reduce combiner off (where every baseline starts), a progress bar per
+    search on a terminal."""
     separate = compile_module(module, NO_COMBINER)
     quiet = args.json or not sys.stderr.isatty()
     bars = []
@@ -152,17 +163,14 @@ def _search(args: argparse.Namespace, module, profile, cost_model):
         return progress
 
     try:
-        return compare_plans(
+        return plan_module(
             module,
+            settings,
+            prices,
             separate,
-            profile,
-            cost_model,
-            alpha=args.alpha,
-            budget_s=args.budget_s,
-            max_evaluations=args.max_evals,
-            seed=args.seed,
+            ablations=True,
+            keep=settings.candidates,
             on_search=on_search,
-            keep=args.candidates,
         )
     finally:
         for bar in bars:

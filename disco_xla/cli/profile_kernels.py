@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
         kernels_one_by_one()  # before the GPU backend starts (it reads XLA_FLAGS once)
     platform_devices(args.platform, needed)  # one line, exit 2, where there are too few
-    from disco_xla.profiling.dataset import from_samples, save_dataset
+    from disco_xla.costmodel.dataset import from_samples, save_dataset
 
     start = time.perf_counter()
     samples, awake = _profile_modules(args, modules)

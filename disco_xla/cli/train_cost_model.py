@@ -1,5 +1,5 @@
 """`disco-xla train-cost-model DATA... --out DIR`: train the GNN kernel cost
-model (`profiling/train_cost_model.py`)."""
+model (`costmodel/training.py`)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.profiling.dataset import load_datasets
-    from disco_xla.profiling.train_cost_model import train_and_save
+    from disco_xla.costmodel.dataset import load_datasets
+    from disco_xla.costmodel.training import train_and_save
 
     dataset = load_datasets(args.datasets)
     chosen = {} if args.feature_set is None else {"feature_set": args.feature_set}

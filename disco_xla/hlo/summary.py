@@ -19,16 +19,6 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
     body once per trip, `trip_counts`).
     """
 
-    all_reduces = module.all_reduces
-    gradients = [a for a in all_reduces if a.is_gradient]
-    runs = executions(module)
-    program = [
-        (instr, runs.get(computation.name, 1))
-        for computation in module.computations
-        if computation.role in ("entry", "program")
-        for instr in computation.instructions
-        if instr.opcode not in _STRUCTURAL_OPCODES
-    ]
     histogram = module.opcode_histogram()
     return {
         "file": module.source,
@@ -38,7 +28,25 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
         "computations": len(module.computations),
         "instructions": module.instruction_count,
         "opcodes": dict(sorted(histogram.items(), key=lambda item: (-item[1], item[0]))),
-        # All-reduces and reduce-scatters (`HloModule.all_reduces`).
+        **_all_reduce_fields(module, largest),
+        "flops": module.total_flops,
+        "bytes": _traffic_bytes(module),
+        # Each while loop's trip count and where it came from (`trip_counts`).
+        "loops": {
+            name: {"trip_count": trips.count, "source": trips.source}
+            for name, trips in sorted(loop_trip_counts(module).items())
+        },
+        **module.device_counts(),
+        "partitioning": _partitioning(module),
+    }
+
+
+def _all_reduce_fields(module: HloModule, largest: int) -> dict:
+    """The summary's counts and bytes of all-reduces and reduce-scatters
+    (`HloModule.all_reduces`), all and gradients only, and the `largest` of them."""
+    all_reduces = module.all_reduces
+    gradients = [a for a in all_reduces if a.is_gradient]
+    return {
         "all_reduces": len(all_reduces),
         "reduce_scatters": sum(a.kind == "reduce-scatter" for a in all_reduces),
         "all_reduce_bytes": sum(a.bytes for a in all_reduces),
@@ -54,24 +62,31 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
             }
             for a in sorted(all_reduces, key=lambda a: (-a.bytes, a.name))[:largest]
         ],
-        "flops": module.total_flops,
-        "bytes": sum((i.output_bytes + i.operand_bytes) * times for i, times in program),
-        # Each while loop's trip count and where it came from (`trip_counts`).
-        "loops": {
-            name: {"trip_count": trips.count, "source": trips.source}
-            for name, trips in sorted(loop_trip_counts(module).items())
-        },
-        **module.device_counts(),
-        # 'as written', 'one partition's program' (after XLA's SPMD partitioner),
-        # or 'split by XLA's partitioner' (its all-reduces appear only after it).
-        "partitioning": (
-            "one partition's program"
-            if module.already_partitioned
-            else "split by XLA's partitioner"
-            if module.needs_partitioning
-            else "as written"
-        ),
     }
+
+
+def _traffic_bytes(module: HloModule) -> int:
+    """Operand bytes read plus result bytes written by the instructions that run
+    as program code (not `_STRUCTURAL_OPCODES`), each times the runs of its
+    computation in one step (`trip_counts.executions`)."""
+    runs = executions(module)
+    return sum(
+        (instr.output_bytes + instr.operand_bytes) * runs.get(computation.name, 1)
+        for computation in module.computations
+        if computation.role in ("entry", "program")
+        for instr in computation.instructions
+        if instr.opcode not in _STRUCTURAL_OPCODES
+    )
+
+
+def _partitioning(module: HloModule) -> str:
+    """'as written', 'one partition's program' (after XLA's SPMD partitioner),
+    or 'split by XLA's partitioner' (its all-reduces appear only after it)."""
+    if module.already_partitioned:
+        return "one partition's program"
+    if module.needs_partitioning:
+        return "split by XLA's partitioner"
+    return "as written"
 
 
 def format_summary(summary: dict) -> str:

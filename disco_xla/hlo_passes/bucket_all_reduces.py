@@ -120,86 +120,130 @@ class _PendingReplacements:
 def _concatenate_bucket(
     module: HloModule, index: int, members, widen: bool, replaced: _PendingReplacements
 ) -> int:
+    """One all-reduce for a bucket of them (see the module's docstring): each
+    member's operand flattened (widened to f32 first where `widen` says), the
+    vectors concatenated and reduced, and each member's slice reshaped back."""
     computation = members[0].computation
-    template = members[0].proto
-    element_type = template.shape.element_type
+    element_type = members[0].proto.shape.element_type
     reduce_type = F32_TYPE if widen and element_type in NARROW_FLOATS else element_type
     flats, sizes = [], []
     for member in members:
-        if len(member.operands) != 1 or member.shape.is_tuple:
-            raise DiscoInputError(module.source, f"{member.name!r} is a variadic all-reduce")
-        size = math.prod(member.shape.dims)
-        operand = member.operands[0].id
-        if reduce_type != element_type:  # next to its producer's own rounding
-            wide = edit.add_instruction(
-                computation,
-                f"{member.name}.wide",
-                "convert",
-                _array(reduce_type, list(member.shape.dims)),
-                [operand],
-            )
-            operand = wide.id
-        flat = edit.add_instruction(
+        sizes.append(_all_reduce_size(module, member))
+        flats.append(_flat_operand(computation, member, reduce_type))
+    total = sum(sizes)
+    reduced = _collective_of_concatenation(
+        computation,
+        index,
+        members,
+        "all-reduce",
+        flats,
+        concat_dimension=0,
+        joined_shape=_vector(reduce_type, total),
+        result_shape=_vector(reduce_type, total),
+    )
+    if reduce_type != element_type:
+        _widen_reducer(module, reduced, members, reduce_type)
+    for member, (start, limit) in zip(members, _column_ranges(sizes), strict=True):
+        piece = _slice(
+            computation, member, reduced, _vector(reduce_type, limit - start), [(start, limit)]
+        )
+        restored = _flat_piece_as_result(computation, member, piece, element_type)
+        replaced.add(computation, member, restored)
+    return reduced.id
+
+
+def _all_reduce_size(module: HloModule, member) -> int:
+    """How many elements an all-reduce member sends; it must have one array operand."""
+    if len(member.operands) != 1 or member.shape.is_tuple:
+        raise DiscoInputError(module.source, f"{member.name!r} is a variadic all-reduce")
+    return math.prod(member.shape.dims)
+
+
+def _flat_operand(computation, member, reduce_type: int) -> int:
+    """The id of `member`'s operand as a vector of `reduce_type`: converted first
+    when the bucket reduces in another type (next to its producer's own
+    rounding), then reshaped to one dimension."""
+    operand = member.operands[0].id
+    if reduce_type != member.proto.shape.element_type:
+        wide = edit.add_instruction(
             computation,
-            f"{member.name}.flat",
-            "reshape",
-            _vector(reduce_type, size),
+            f"{member.name}.wide",
+            "convert",
+            _array(reduce_type, list(member.shape.dims)),
             [operand],
         )
-        flats.append(flat.id)
-        sizes.append(size)
-    total = sum(sizes)
-    joined = edit.add_instruction(
-        computation,
-        f"{BUCKET_MARK}.{index}.concat",
-        "concatenate",
-        _vector(reduce_type, total),
-        flats,
+        operand = wide.id
+    size = math.prod(member.shape.dims)
+    flat = edit.add_instruction(
+        computation, f"{member.name}.flat", "reshape", _vector(reduce_type, size), [operand]
     )
-    joined.dimensions.append(0)
-    reduced = edit.add_instruction(
-        computation,
-        f"{BUCKET_MARK}.{index}",
-        "all-reduce",
-        _vector(reduce_type, total),
-        [joined.id],
+    return flat.id
+
+
+def _widen_reducer(module: HloModule, reduced, members, reduce_type: int) -> None:
+    """Give the bucket's all-reduce its members' reducer, over `reduce_type`
+    (f32 for a widened bucket) in place of their narrow one."""
+    reducer = members[0].called_computations[0].root.opcode
+    del reduced.called_computation_ids[:]
+    reduced.called_computation_ids.append(
+        edit.add_scalar_reducer(module.proto, reduce_type, reducer)
     )
-    _copy_collective_fields(reduced, template, index, members)
-    if reduce_type != element_type:  # the members' reducer, over f32
-        reducer = members[0].called_computations[0].root.opcode
-        del reduced.called_computation_ids[:]
-        reduced.called_computation_ids.append(
-            edit.add_scalar_reducer(module.proto, reduce_type, reducer)
-        )
-    offset = 0
-    for member, size in zip(members, sizes, strict=True):
+
+
+def _flat_piece_as_result(computation, member, piece, element_type: int):
+    """A vector slice of the bucket's all-reduce as `member`'s result: converted
+    back to `element_type` if the bucket was widened, then reshaped."""
+    if piece.shape.element_type != element_type:
         piece = edit.add_instruction(
-            computation, f"{member.name}.piece", "slice", _vector(reduce_type, size), [reduced.id]
+            computation,
+            f"{member.name}.narrow",
+            "convert",
+            _vector(element_type, piece.shape.dimensions[0]),
+            [piece.id],
         )
-        piece.slice_dimensions.add(start=offset, limit=offset + size, stride=1)
-        if reduce_type != element_type:
-            piece = edit.add_instruction(
-                computation,
-                f"{member.name}.narrow",
-                "convert",
-                _vector(element_type, size),
-                [piece.id],
-            )
-        restored = edit.add_instruction(
-            computation, f"{member.name}.restored", "reshape", member.proto.shape, [piece.id]
-        )
-        replaced.add(computation, member, restored)
-        offset += size
-    return reduced.id
+    return edit.add_instruction(
+        computation, f"{member.name}.restored", "reshape", member.proto.shape, [piece.id]
+    )
 
 
 def _concatenate_reduce_scatters(
     module: HloModule, index: int, members, replaced: _PendingReplacements
 ) -> int:
-    """One reduce-scatter for a bucket of them (see the module's docstring)."""
+    """One reduce-scatter for a bucket of them (see the module's docstring): each
+    member's operand as [p, n/p] rows, the rows concatenated to [p, N/p] and
+    scattered over dimension 0, and each member's columns turned back into its
+    block."""
     computation = members[0].computation
+    element_type = members[0].proto.shape.element_type
+    rows, columns = _scatter_rows_and_columns(module, members)
+    blocks = [
+        _operand_as_rows(computation, member, element_type, rows, width)
+        for member, width in zip(members, columns, strict=True)
+    ]
+    total = sum(columns)
+    reduced = _collective_of_concatenation(
+        computation,
+        index,
+        members,
+        "reduce-scatter",
+        blocks,
+        concat_dimension=1,
+        joined_shape=_array(element_type, [rows, total]),
+        result_shape=_array(element_type, [1, total]),
+    )
+    reduced.dimensions.append(0)
+    for member, (start, limit) in zip(members, _column_ranges(columns), strict=True):
+        piece_shape = _array(element_type, [1, limit - start])
+        piece = _slice(computation, member, reduced, piece_shape, [(0, 1), (start, limit)])
+        restored = _block_as_result(computation, piece, member)
+        replaced.add(computation, member, restored)
+    return reduced.id
+
+
+def _scatter_rows_and_columns(module: HloModule, members) -> tuple[int, list[int]]:
+    """p, the devices every member scatters over (each must scatter one array
+    operand over one dimension, all over the same p), and each member's n/p."""
     template = members[0].proto
-    element_type = template.shape.element_type
     rows, columns = None, []
     for member in members:
         if len(member.operands) != 1 or member.shape.is_tuple or len(template.dimensions) != 1:
@@ -211,51 +255,58 @@ def _concatenate_reduce_scatters(
             raise DiscoInputError(module.source, f"{member.name!r} scatters over other devices")
         rows = devices
         columns.append(math.prod(dims) // devices)
-    blocks = []
-    for member, width in zip(members, columns, strict=True):
-        front = _scattered_dimension_first(computation, member.operands[0], member)
-        blocks.append(
-            edit.add_instruction(
-                computation,
-                f"{member.name}.rows",
-                "reshape",
-                _array(element_type, [rows, width]),
-                [front],
-            ).id
-        )
-    total = sum(columns)
+    return rows, columns
+
+
+def _operand_as_rows(computation, member, element_type: int, rows: int, width: int) -> int:
+    """The id of `member`'s operand as [p, n/p]: its scattered dimension moved
+    first, then reshaped so row r is device r's block."""
+    front = _scattered_dimension_first(computation, member.operands[0], member)
+    return edit.add_instruction(
+        computation, f"{member.name}.rows", "reshape", _array(element_type, [rows, width]), [front]
+    ).id
+
+
+def _collective_of_concatenation(
+    computation,
+    index: int,
+    members,
+    opcode: str,
+    pieces: list[int],
+    concat_dimension: int,
+    joined_shape,
+    result_shape,
+):
+    """Bucket `index`'s collective: `pieces` concatenated along `concat_dimension`
+    (to `joined_shape`), then one `opcode` collective over the result, named
+    `BUCKET_MARK.index` and with its members' fields (`_copy_collective_fields`)."""
     joined = edit.add_instruction(
-        computation,
-        f"{BUCKET_MARK}.{index}.concat",
-        "concatenate",
-        _array(element_type, [rows, total]),
-        blocks,
+        computation, f"{BUCKET_MARK}.{index}.concat", "concatenate", joined_shape, pieces
     )
-    joined.dimensions.append(1)
+    joined.dimensions.append(concat_dimension)
     reduced = edit.add_instruction(
-        computation,
-        f"{BUCKET_MARK}.{index}",
-        "reduce-scatter",
-        _array(element_type, [1, total]),
-        [joined.id],
+        computation, f"{BUCKET_MARK}.{index}", opcode, result_shape, [joined.id]
     )
-    reduced.dimensions.append(0)
-    _copy_collective_fields(reduced, template, index, members)
-    offset = 0
-    for member, width in zip(members, columns, strict=True):
-        piece = edit.add_instruction(
-            computation,
-            f"{member.name}.piece",
-            "slice",
-            _array(element_type, [1, width]),
-            [reduced.id],
-        )
-        piece.slice_dimensions.add(start=0, limit=1, stride=1)
-        piece.slice_dimensions.add(start=offset, limit=offset + width, stride=1)
-        restored = _block_as_result(computation, piece, member)
-        replaced.add(computation, member, restored)
+    _copy_collective_fields(reduced, members[0].proto, index, members)
+    return reduced
+
+
+def _column_ranges(widths: list[int]) -> list[tuple[int, int]]:
+    """Each member's [start, limit) along the concatenated dimension."""
+    ranges, offset = [], 0
+    for width in widths:
+        ranges.append((offset, offset + width))
         offset += width
-    return reduced.id
+    return ranges
+
+
+def _slice(computation, member, reduced, shape, ranges: list[tuple[int, int]]):
+    """`member`'s piece of the bucket's collective: a slice to `shape` with one
+    [start, limit) (stride 1) per dimension."""
+    piece = edit.add_instruction(computation, f"{member.name}.piece", "slice", shape, [reduced.id])
+    for start, limit in ranges:
+        piece.slice_dimensions.add(start=start, limit=limit, stride=1)
+    return piece
 
 
 def _permutation(member) -> list[int]:

@@ -553,34 +553,44 @@ def cpu_profile(
         "links": {"intra_node": dict(link), "inter_node": dict(link)},
         "all_reduce": "ring",
         "tuple_all_reduce_element_s": float(tuple_element_s),
-        **(
-            {
-                "step_overhead_s": float(step.step_overhead_s),
-                "step_buffer_s": float(step.step_buffer_s),
-                "kernel_time_scale": float(step.kernel_time_scale),
-                "worker_lag": float(step.worker_lag),
-            }
-            if step is not None
-            else {}
+        **_step_cost_fields(step),
+        "calibration": _calibration_section(
+            fit, runtime, step, psum_steps, collectives, collective_steps
         ),
-        "calibration": {
-            "runtime": runtime,
-            **(
-                {
-                    "empty_step_s": float(step.empty_step_s),
-                    "all_reduce_in_step_s": step.all_reduce_in_step_s,
-                    "collective_in_step_s": dict(step.collective_in_step_s),
-                }
-                if step is not None
-                else {}
-            ),
-            **({"psum_step_s": [[int(b), float(t)] for b, t in psum_steps]} if psum_steps else {}),
-            "max_relative_residual": fit.max_relative_residual,
-            "points": fit.points,
-            **({"collective_points": _pairs_by_kind(collectives)} if collectives else {}),
-            **({"collective_step_s": _pairs_by_kind(collective_steps)} if collective_steps else {}),
-        },
     }
+
+
+def _step_cost_fields(step: StepCosts | None) -> dict:
+    """The profile's step costs (`StepCosts`); none where none were measured."""
+    if step is None:
+        return {}
+    return {
+        "step_overhead_s": float(step.step_overhead_s),
+        "step_buffer_s": float(step.step_buffer_s),
+        "kernel_time_scale": float(step.kernel_time_scale),
+        "worker_lag": float(step.worker_lag),
+    }
+
+
+def _calibration_section(
+    fit: Fit, runtime: str, step: StepCosts | None, psum_steps, collectives, collective_steps
+) -> dict:
+    """The profile's `calibration`: the runtime, what was measured and the fit
+    (the arguments as `cpu_profile`'s), recorded with the profile."""
+    section: dict = {"runtime": runtime}
+    if step is not None:
+        section["empty_step_s"] = float(step.empty_step_s)
+        section["all_reduce_in_step_s"] = step.all_reduce_in_step_s
+        section["collective_in_step_s"] = dict(step.collective_in_step_s)
+    if psum_steps:
+        section["psum_step_s"] = [[int(b), float(t)] for b, t in psum_steps]
+    section["max_relative_residual"] = fit.max_relative_residual
+    section["points"] = fit.points
+    if collectives:
+        section["collective_points"] = _pairs_by_kind(collectives)
+    if collective_steps:
+        section["collective_step_s"] = _pairs_by_kind(collective_steps)
+    return section
 
 
 def _pairs_by_kind(points: dict[str, list[tuple[int, float]]]) -> dict[str, list[list]]:

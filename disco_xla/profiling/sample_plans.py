@@ -37,6 +37,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from disco_xla.costmodel.dataset import KernelSample
+from disco_xla.costmodel.features import kernel_graph
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.fusion_boundaries import GROUP_MARK, OutlineFusionGroups
@@ -47,13 +49,11 @@ from disco_xla.plan import (
     departing_groups,
     verify_plan,
 )
-from disco_xla.profiling.dataset import KernelSample
 from disco_xla.profiling.kernel_times import KERNEL_PLANES, profile_kernel_times
 from disco_xla.profiling.speed_reference import reference_seconds
 from disco_xla.runtime.apply import no_combiner
 from disco_xla.runtime.xla_runner import program_for, random_arguments
 from disco_xla.search.backtracking import greedy_fusion_plan
-from disco_xla.simulator.kernel_features import kernel_graph
 from disco_xla.simulator.kernels import Kernel, build_task_graph, kernel_for
 
 MAX_VISITS = 4000  # nodes one acyclicity check may visit

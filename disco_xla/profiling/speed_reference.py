@@ -22,8 +22,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from disco_xla.costmodel.dataset import KernelDataset
 from disco_xla.errors import DiscoInputError
-from disco_xla.profiling.dataset import KernelDataset
 from disco_xla.timing import median_seconds
 
 REFERENCE_RUNS = 15  # timed runs of the workload; their median is one reference

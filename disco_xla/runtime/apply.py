@@ -82,7 +82,7 @@ def apply_plan(
     results are then bit-equal to the original's, where enforced fusion groups
     may change the order of floating-point reductions).
 
-    `left_to_xla` holds the groups XLA forms by itself (`planning.xla_own_groups`):
+    `left_to_xla` holds the groups XLA forms by itself (`checked_rewrite.xla_own_groups`):
     only the plan's other groups get a boundary (`fusion_boundaries`). None
     outlines every group, as the boundary-cost benchmark measures."""
     verify_plan(plan, module, source=plan_source)
@@ -305,6 +305,36 @@ def time_candidates(
     combiner, as for the candidates). `budget_s` caps the timed rounds' wall
     time (fewer rounds, at least one; compiling and the first runs are not
     counted). Returns the original's median step time and each candidate's result."""
+    programs = _compiled_programs(original, candidates, devices, original_disabled_passes, platform)
+    arguments = random_arguments(programs[""].parameters, seed)
+    inputs = {label: _inputs(program, arguments) for label, program in programs.items()}
+    outputs = {
+        label: [a for per_device in program.run(inputs[label]) for a in per_device]
+        for label, program in programs.items()
+    }
+    # Step times on arguments already on the devices, without host copies.
+    runners = {label: program.device_runner(inputs[label]) for label, program in programs.items()}
+    steps, rounds = _agreed_steps_and_rounds(runners, rounds, budget_s)
+    times = _rotating_rounds_s(runners, steps, rounds)
+    results = {
+        label: CandidateResult(
+            float(np.median(times[label])), compare_outputs(outputs[""], outputs[label])
+        )
+        for label in candidates
+    }
+    return float(np.median(times[""])), results
+
+
+def _compiled_programs(
+    original: HloModule,
+    candidates: dict[str, HloModule],
+    devices: int,
+    original_disabled_passes: Sequence[str] | None,
+    platform: str,
+) -> dict:
+    """The original's program (under the label "") and each candidate's, as
+    `time_candidates` compiles them; raises RewriteError if a candidate takes
+    other parameters than the original."""
     combiner_off = no_combiner(platform)
     if original_disabled_passes is None:
         original_disabled_passes = combiner_off
@@ -315,22 +345,19 @@ def time_candidates(
     for label, program in programs.items():
         if [str(s) for s in program.parameters] != parameters:
             raise RewriteError(f"the {label} module takes different parameters")
-    arguments = random_arguments(programs[""].parameters, seed)
-    inputs = {label: _inputs(program, arguments) for label, program in programs.items()}
-    outputs = {
-        label: [a for per_device in program.run(inputs[label]) for a in per_device]
-        for label, program in programs.items()
-    }
-    # Step times on arguments already on the devices, without host copies.
-    runners = {label: program.device_runner(inputs[label]) for label, program in programs.items()}
+    return programs
+
+
+def _agreed_steps_and_rounds(runners: dict, rounds: int, budget_s: float | None) -> tuple[int, int]:
+    """Run each program once (warm-up), time one step of the original (label
+    ""), and return `_steps_and_rounds` for it. Over several processes every
+    rank must run the same steps and rounds (their collectives pair up), so
+    rank 0's counts are used."""
     for run in runners.values():
         run()
     start = time.perf_counter()
     runners[""]()
     step_s = time.perf_counter() - start
-    # A round times each program over several steps when one step is short.
-    # Over several processes every rank must run the same steps and rounds
-    # (their collectives pair up), so rank 0's counts are used.
     steps, rounds = map(
         int,
         broadcast(
@@ -338,6 +365,13 @@ def time_candidates(
             lambda: "{},{}".format(*_steps_and_rounds(step_s, len(runners), rounds, budget_s)),
         ).split(","),
     )
+    return steps, rounds
+
+
+def _rotating_rounds_s(runners: dict, steps: int, rounds: int) -> dict[str, list[float]]:
+    """Each program's mean step time in each of `rounds` rounds of `steps`
+    steps; round k starts with the k-th program (mod their number), so no
+    program always runs first."""
     labels = list(runners)
     times: dict[str, list[float]] = {label: [] for label in labels}
     for round_index in range(rounds):
@@ -347,13 +381,7 @@ def time_candidates(
             for _ in range(steps):
                 runners[label]()
             times[label].append((time.perf_counter() - start) / steps)
-    results = {
-        label: CandidateResult(
-            float(np.median(times[label])), compare_outputs(outputs[""], outputs[label])
-        )
-        for label in candidates
-    }
-    return float(np.median(times[""])), results
+    return times
 
 
 def _steps_and_rounds(
@@ -383,3 +411,10 @@ def _inputs(program, arguments):
     if isinstance(program, PartitionedProgram):
         return arguments
     return [arguments] * len(program.devices)
+
+
+def compile_separately(module: HloModule) -> HloModule:
+    """XLA's compile of `module` with its all-reduce combiner off (NO_COMBINER):
+    XLA's own fusion, every all-reduce apart. What the baselines and the
+    search's bounds are built from (`search.pipeline.plan_module`)."""
+    return compile_module(module, NO_COMBINER)

@@ -42,7 +42,7 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import EXPENSIVE_OPCODES, Plan, compute_instructions, verify_plan
 from disco_xla.search.moves import Fuse, Move, Rebucket, Split
-from disco_xla.settings import DEFAULTS
+from disco_xla.settings import DEFAULTS, OptimizeSettings
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.incremental import GroupCosts, PlanState
@@ -259,18 +259,15 @@ def _child_key(state: PlanState, groups_key: int, move: Move, group_hashes) -> t
 
 
 @dataclass(frozen=True)
-class SearchSettings:
-    """What steers one search, besides the module, its cost models and its start
-    plans (`search` documents each)."""
+class _Steering:
+    """What steers one search besides its `OptimizeSettings`: the kinds of move,
+    how many plans it keeps, and XLA's own groups as each grouped name's group
+    number (`within_groups`)."""
 
-    alpha: float = DEFAULTS.alpha
-    budget_s: float = DEFAULTS.budget_s
-    max_evaluations: int = DEFAULTS.max_evaluations
-    seed: int = DEFAULTS.seed
-    moves: str = "all"  # one of MOVE_KINDS
-    keep: int = 1
-    # XLA's own groups, as each grouped name's group number (`within_groups`).
-    group_of_name: Mapping[str, int] | None = None
+    settings: OptimizeSettings
+    moves: str  # one of MOVE_KINDS
+    keep: int
+    group_of_name: Mapping[str, int] | None
 
 
 def search(
@@ -278,18 +275,18 @@ def search(
     profile: ClusterProfile,
     cost_model: CostModel,
     start_plans: list[Plan],
-    alpha: float = DEFAULTS.alpha,
-    budget_s: float = DEFAULTS.budget_s,
-    max_evaluations: int = DEFAULTS.max_evaluations,
-    seed: int = DEFAULTS.seed,
-    on_evaluation: Callable[[int, float], None] = lambda evaluations, best_s: None,
+    settings: OptimizeSettings = DEFAULTS,
+    *,
     moves: str = "all",
+    keep: int = 1,
     costs: GroupCosts | None = None,
     within_groups: tuple[tuple[str, ...], ...] | None = None,
-    keep: int = 1,
+    on_evaluation: Callable[[int, float], None] = lambda evaluations, best_s: None,
 ) -> SearchResult:
     """Best-first backtracking from the best of `start_plans` (so the result is
-    never worse than any of them). The result also holds the `keep` best
+    never worse than any of them), within the budget of `settings` (`budget_s`,
+    `max_evaluations`), relaxed by its `alpha`, with its `seed` breaking ties.
+    The result also holds the `keep` best
     distinct plans it evaluated (`SearchResult.top_plans`), the candidates to
     measure. `moves` limits the search to 'fusion' or
     'bucketing' moves, for the ablations. The start plans' simulations count as
@@ -302,19 +299,19 @@ def search(
     boundaries (`hlo_passes.fusion_boundaries`); a group that joins two of XLA's
     kernels is not one kernel when the program runs, so the search may not
     promise it."""
-    if budget_s <= 0 or max_evaluations <= 0:
+    if settings.budget_s <= 0 or settings.max_evaluations <= 0:
         raise DiscoInputError("search", "the budget must be positive")
     if moves not in MOVE_KINDS:
         raise ValueError(f"moves must be one of {MOVE_KINDS}")
     group_of_name = None if within_groups is None else _group_numbers(within_groups)
-    settings = SearchSettings(alpha, budget_s, max_evaluations, seed, moves, keep, group_of_name)
+    steering = _Steering(settings, moves, keep, group_of_name)
     costs = costs or GroupCosts(module, cost_model, profile.kernel_time_scale)
     # The search only allocates; with a large module in memory every garbage
     # collection is slow, so collection pauses meanwhile (as in `simulate`).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        run = _SearchRun(module, profile, cost_model, costs, settings, on_evaluation)
+        run = _SearchRun(module, profile, cost_model, costs, steering, on_evaluation)
         return run.run(start_plans)
     finally:
         if collecting:
@@ -331,12 +328,12 @@ class _SearchRun:
         profile: ClusterProfile,
         cost_model: CostModel,
         costs: GroupCosts,
-        settings: SearchSettings,
+        steering: _Steering,
         on_evaluation: Callable[[int, float], None],
     ):
         self.module, self.profile, self.cost_model, self.costs = module, profile, cost_model, costs
-        self.settings, self.on_evaluation = settings, on_evaluation
-        self.rng = random.Random(settings.seed)
+        self.steering, self.on_evaluation = steering, on_evaluation
+        self.rng = random.Random(steering.settings.seed)
         self.started = time.perf_counter()
         self.evaluations = 0
         self.best_s = float("inf")
@@ -344,13 +341,13 @@ class _SearchRun:
         self.seen: set[tuple[int, int]] = set()
         self.queue: list[tuple[float, int, Plan]] = []  # (seconds, push number, plan)
         self.pushed = 0
-        self.kept = _Best(settings.keep)
+        self.kept = _Best(steering.keep)
 
     def out_of_budget(self) -> bool:
-        settings = self.settings
+        steering = self.steering
         return (
-            self.evaluations >= settings.max_evaluations
-            or time.perf_counter() - self.started >= settings.budget_s
+            self.evaluations >= steering.settings.max_evaluations
+            or time.perf_counter() - self.started >= steering.settings.budget_s
         )
 
     def load(self, plan: Plan) -> PlanState:
@@ -422,18 +419,18 @@ class _SearchRun:
             verify_plan(plan, self.module)
         except DiscoInputError:
             return False
-        group_of_name = self.settings.group_of_name
+        group_of_name = self.steering.group_of_name
         return group_of_name is None or _refines(plan, group_of_name)
 
     def expand(self, state: PlanState, parent_s: float, critical: set[str]) -> None:
         """Evaluate the moves of a popped plan; once it has had MIN_EXPANSION
         evaluations and one of them beat the best plan, put it back in the queue
         (with its other moves) so the search goes on from the better child."""
-        settings = self.settings
+        steering = self.steering
         group_hashes = [_group_hash(g) for g in state.plan.fusion_groups]
         groups_key = sum(_mix(h) for h in group_hashes) & _MASK
         expanded, improved_here = 0, False
-        moves = _neighbours(state, self.rng, settings.moves, critical, settings.group_of_name)
+        moves = _neighbours(state, self.rng, steering.moves, critical, steering.group_of_name)
         for move in moves:
             if self.out_of_budget():
                 break
@@ -461,7 +458,7 @@ class _SearchRun:
         if self.kept.wants(seconds):
             self.kept.add(seconds, self.best_plan if improved else move.child_plan(state))
         self.on_evaluation(self.evaluations, self.best_s)
-        if seconds < self.settings.alpha * self.best_s:
+        if seconds < self.steering.settings.alpha * self.best_s:
             self.push(seconds, self.best_plan if improved else move.child_plan(state))
         return improved
 

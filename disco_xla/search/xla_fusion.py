@@ -150,7 +150,21 @@ def xla_kernel_candidates(captured: HloModule, compiled: HloModule) -> KernelCan
     return KernelCandidates(kernels, matched, dict(capacity))
 
 
-def _fits(label: KernelLabel, bound, expensive) -> bool:
+class _InputBound(NamedTuple):
+    """What limits the kernel an instruction may join (`_fits`): the highest
+    kernel among its compute inputs, the highest label among its other inputs,
+    and whether it is a dot or convolution itself."""
+
+    from_kernels: KernelLabel
+    from_others: KernelLabel
+    is_expensive: bool
+
+
+# Below every kernel: the bound of an instruction with no inputs.
+_BEFORE_ALL_KERNELS: KernelLabel = (-1, 0)
+
+
+def _fits(label: KernelLabel, bound: _InputBound, expensive) -> bool:
     """Whether an instruction may join kernel `label`: no lower than its kernel
     operands, above its other inputs, and one dot or convolution at most."""
     from_kernels, from_others, is_expensive = bound
@@ -172,11 +186,8 @@ def xla_fusion_groups(captured: HloModule, compiled: HloModule) -> tuple[tuple[s
     producer (a reshape XLA made a bitcast) or its users' earliest candidate (a
     broadcast folded into its users)."""
     found = xla_kernel_candidates(captured, compiled)
-    candidates, matched, capacity = found.kernels, found.matched, found.capacity
     taken: dict[tuple[int, tuple], int] = defaultdict(int)
-    compute = compute_instructions(captured)
-    is_compute = {id(i) for i in compute}
-    lowest: KernelLabel = (-1, 0)
+    is_compute = {id(i) for i in compute_instructions(captured)}
     fresh = 0
     members: dict[tuple, list[str]] = {}
     for computation in captured.computations:
@@ -185,47 +196,85 @@ def xla_fusion_groups(captured: HloModule, compiled: HloModule) -> tuple[tuple[s
         label_of: dict[int, KernelLabel] = {}
         expensive: dict[KernelLabel, int] = defaultdict(int)
         for instr in computation.topological_order:
-            inputs = instr.operands + instr.control_predecessors
-            producer_labels = [label_of[id(o)] for o in inputs if id(o) in is_compute]
-            from_kernels = max(producer_labels, default=lowest)
-            from_others = max(
-                (label_of.get(id(o), lowest) for o in inputs if id(o) not in is_compute),
-                default=lowest,
-            )
+            producer_labels, bound = _input_bound(instr, label_of, is_compute)
             if id(instr) not in is_compute:
-                label_of[id(instr)] = max(from_kernels, from_others)
+                label_of[id(instr)] = max(bound.from_kernels, bound.from_others)
                 continue
-            is_expensive = instr.opcode in EXPENSIVE_OPCODES
-
-            bound = (from_kernels, from_others, is_expensive)
-            latest_input = max(from_kernels, from_others)
-            own = [
-                (k, 0)
-                for k in candidates.get(instr.name, ())
-                if latest_input == lowest or k <= latest_input[0] + CANDIDATE_REACH
-            ]
-            key = matched.get(instr.name)
-            with_room = [lab for lab in own if taken[(lab[0], key)] < capacity[(lab[0], key)]]
-            own = with_room or own
-            choice = next((lab for lab in own if lab in producer_labels), None)
-            if choice is None or not _fits(choice, bound, expensive):
-                choice = next((lab for lab in own if _fits(lab, bound, expensive)), None)
-            if choice is None and producer_labels and _fits(from_kernels, bound, expensive):
-                choice = from_kernels
-            if choice is None:
-                hinted = sorted({k for user in instr.users for k in candidates.get(user.name, ())})
-                choice = next(
-                    (lab for lab in ((k, 0) for k in hinted) if _fits(lab, bound, expensive)), None
-                )
-            if choice is None:
+            choice = _chosen_kernel(instr, producer_labels, bound, found, taken, expensive)
+            if choice is None:  # a new kernel of its own, numbered after its inputs
                 fresh += 1
-                choice = (max(from_kernels, from_others, lowest)[0], fresh)
+                choice = (max(bound.from_kernels, bound.from_others, _BEFORE_ALL_KERNELS)[0], fresh)
             label_of[id(instr)] = choice
-            taken[(choice[0], key)] += 1
-            expensive[choice] += is_expensive
+            taken[(choice[0], found.matched.get(instr.name))] += 1
+            expensive[choice] += bound.is_expensive
             members.setdefault((computation.name, choice), []).append(instr.name)
     ordered = sorted(members.items(), key=lambda item: (item[0][1], item[0][0]))
     return tuple(tuple(names) for _, names in ordered)
+
+
+def _input_bound(
+    instr: Instruction, label_of: dict[int, KernelLabel], is_compute: set[int]
+) -> tuple[list[KernelLabel], _InputBound]:
+    """The kernels of `instr`'s compute inputs (operands and control
+    predecessors), and its `_InputBound`."""
+    inputs = instr.operands + instr.control_predecessors
+    producer_labels = [label_of[id(o)] for o in inputs if id(o) in is_compute]
+    from_kernels = max(producer_labels, default=_BEFORE_ALL_KERNELS)
+    from_others = max(
+        (label_of.get(id(o), _BEFORE_ALL_KERNELS) for o in inputs if id(o) not in is_compute),
+        default=_BEFORE_ALL_KERNELS,
+    )
+    return producer_labels, _InputBound(
+        from_kernels, from_others, instr.opcode in EXPENSIVE_OPCODES
+    )
+
+
+def _chosen_kernel(
+    instr: Instruction,
+    producer_labels: list[KernelLabel],
+    bound: _InputBound,
+    found: KernelCandidates,
+    taken: dict[tuple[int, tuple], int],
+    expensive: dict[KernelLabel, int],
+) -> KernelLabel | None:
+    """The kernel a captured compute instruction joins: the first of its own
+    candidates that a producer is in, if it `_fits`; else the first that fits
+    of: its own candidates, earliest first; the highest of its producers'
+    kernels; its users' candidates, earliest first. None when none fits (it
+    gets a new kernel)."""
+    own = _own_candidates(instr, bound, found, taken)
+    choice = next((lab for lab in own if lab in producer_labels), None)
+    if choice is None or not _fits(choice, bound, expensive):
+        choice = next((lab for lab in own if _fits(lab, bound, expensive)), None)
+    if choice is None and producer_labels and _fits(bound.from_kernels, bound, expensive):
+        choice = bound.from_kernels
+    if choice is None:
+        candidates = found.kernels
+        hinted = sorted({k for user in instr.users for k in candidates.get(user.name, ())})
+        choice = next(
+            (lab for lab in ((k, 0) for k in hinted) if _fits(lab, bound, expensive)), None
+        )
+    return choice
+
+
+def _own_candidates(
+    instr: Instruction,
+    bound: _InputBound,
+    found: KernelCandidates,
+    taken: dict[tuple[int, tuple], int],
+) -> list[KernelLabel]:
+    """`instr`'s candidate kernels within CANDIDATE_REACH of its latest input,
+    ascending; only those with room left (`KernelCandidates.capacity`) if any
+    have."""
+    latest_input = max(bound.from_kernels, bound.from_others)
+    own = [
+        (k, 0)
+        for k in found.kernels.get(instr.name, ())
+        if latest_input == _BEFORE_ALL_KERNELS or k <= latest_input[0] + CANDIDATE_REACH
+    ]
+    key = found.matched.get(instr.name)
+    with_room = [lab for lab in own if taken[(lab[0], key)] < found.capacity[(lab[0], key)]]
+    return with_room or own
 
 
 def _free(name: str, by_name: dict[str, Instruction]) -> bool:

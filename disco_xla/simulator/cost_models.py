@@ -4,9 +4,10 @@
   + launch overhead, with per-op-class efficiency factors from the profile;
 - `TableCostModel`: measured times keyed by the kernel's structural hash, falling
   back to the roofline for kernels it has not seen (and counting them);
-- `GnnCostModel` (`simulator/gnn.py`): a graph network over the kernel's
+- `GnnCostModel` (`disco_xla/costmodel/`): a graph network over the kernel's
   instructions that predicts its log-time, with shipped weights per device in
-  `configs/costmodels/<device>/`.
+  `configs/costmodels/<device>/`. It sits above the simulator (it reads the
+  simulator's `Kernel`), so `make_cost_model` imports it only when asked for 'gnn'.
 """
 
 from __future__ import annotations
@@ -177,14 +178,14 @@ def make_cost_model(
 ) -> CostModel:
     """The cost model called `name`: 'roofline', 'table' with a table file, or
     'gnn' with a model directory (default: the shipped weights for the profile's
-    device, `gnn.weights_device`)."""
+    device, `costmodel.weights.weights_device`)."""
     roofline = RooflineCostModel(profile)
     if name == "roofline":
         return roofline
     if name == "gnn":
-        from disco_xla.simulator.gnn import (
+        from disco_xla.costmodel.network import GnnCostModel
+        from disco_xla.costmodel.weights import (
             DEFAULT_DEVICE,
-            GnnCostModel,
             default_model_directory,
             weights_device,
         )

@@ -160,41 +160,59 @@ class ModuleIndex:
         return sources
 
     def _resolve(self) -> None:
+        """Fill in, for each atom, what it waits for: `inputs`, `indirect_inputs`
+        and `direct_users` (`_resolve_inputs`), then `order_inputs` and
+        `order_users` (`_resolve_order_inputs`), and `is_expensive`."""
+        self._resolve_inputs()
+        self._resolve_order_inputs()
+        self.is_expensive = [i.opcode in EXPENSIVE_OPCODES for i, _ in self.atoms]
+
+    def _upstream(
+        self,
+        node: Instruction,
+        key: CallKey,
+        memo: dict[tuple[int, CallKey], frozenset[int]],
+    ) -> frozenset[int]:
+        """Atoms that a non-atom instruction's value waits for (iterative DFS
+        through `_sources`, stopping at atoms); `memo` keeps each instruction's
+        answer for the next call."""
+        atom_of = self.atom_of
+        top = (id(node), key)
+        if top in memo:
+            return memo[top]
+        stack = [(node, key, None)]
+        while stack:
+            current, ckey, pending = stack[-1]
+            mark = (id(current), ckey)
+            if pending is None:
+                pending = self._sources(current, ckey)
+                stack[-1] = (current, ckey, pending)
+                missing = [
+                    (s, k)
+                    for s, k in pending
+                    if (id(s), k) not in atom_of and (id(s), k) not in memo
+                ]
+                if missing:
+                    memo[mark] = frozenset()  # guards against a cycle through calls
+                    stack.extend((s, k, None) for s, k in missing)
+                    continue
+            found: set[int] = set()
+            for s, k in pending:
+                atom = atom_of.get((id(s), k))
+                if atom is not None:
+                    found.add(atom)
+                else:
+                    found |= memo.get((id(s), k), frozenset())
+            memo[mark] = frozenset(found)
+            stack.pop()
+        return memo[top]
+
+    def _resolve_inputs(self) -> None:
+        """Each atom's `inputs` and `indirect_inputs`, and each compute atom's
+        `direct_users`: a source is direct when it is a compute atom read through
+        an operand edge in the same instance, indirect otherwise."""
         memo: dict[tuple[int, CallKey], frozenset[int]] = {}
         atom_of = self.atom_of
-
-        def upstream(node: Instruction, key: CallKey) -> frozenset[int]:
-            """Atoms that a non-atom instruction's value waits for (iterative DFS)."""
-            top = (id(node), key)
-            if top in memo:
-                return memo[top]
-            stack = [(node, key, None)]
-            while stack:
-                current, ckey, pending = stack[-1]
-                mark = (id(current), ckey)
-                if pending is None:
-                    pending = self._sources(current, ckey)
-                    stack[-1] = (current, ckey, pending)
-                    missing = [
-                        (s, k)
-                        for s, k in pending
-                        if (id(s), k) not in atom_of and (id(s), k) not in memo
-                    ]
-                    if missing:
-                        memo[mark] = frozenset()  # guards against a cycle through calls
-                        stack.extend((s, k, None) for s, k in missing)
-                        continue
-                found: set[int] = set()
-                for s, k in pending:
-                    atom = atom_of.get((id(s), k))
-                    if atom is not None:
-                        found.add(atom)
-                    else:
-                        found |= memo.get((id(s), k), frozenset())
-                memo[mark] = frozenset(found)
-                stack.pop()
-            return memo[top]
-
         self.inputs: list[frozenset[int]] = []
         self.indirect_inputs: list[frozenset[int]] = []
         # Compute atoms that read each atom through an operand edge of their own.
@@ -205,7 +223,7 @@ class ModuleIndex:
             for source, skey in self._sources(instr, key):
                 found = atom_of.get((id(source), skey))
                 if found is None:
-                    indirect |= upstream(source, skey)
+                    indirect |= self._upstream(source, skey, memo)
                 elif self.is_compute[found] and skey == key:
                     direct.add(found)
                 else:
@@ -216,26 +234,28 @@ class ModuleIndex:
             self.indirect_inputs.append(frozenset(indirect))
             for source in direct:
                 self.direct_users[source].append(atom)
-        # Compute atoms each atom waits for, with all-reduces seen through.
+
+    def _resolve_order_inputs(self) -> None:
+        """Each atom's `order_inputs` (the compute atoms it waits for, with
+        all-reduces seen through) and each compute atom's `order_users` (the
+        compute atoms that wait for it)."""
         through = self.through_cache = {}
         for atom in range(len(self.atoms)):  # atoms are in topological order per instance
             if not self.is_compute[atom]:
                 through[atom] = self._through(atom, through)
         self.order_inputs: list[frozenset[int]] = []
-        # Compute atoms that wait for each compute atom (order_inputs reversed).
         self.order_users: list[list[int]] = [[] for _ in self.atoms]
-        for inputs in self.inputs:
+        for atom, inputs in enumerate(self.inputs):
             found = set()
             for source in inputs:
                 if self.is_compute[source]:
                     found.add(source)
                 else:
                     found |= self._through(source, through)
-            if self.is_compute[len(self.order_inputs)]:
+            if self.is_compute[atom]:
                 for source in found:
-                    self.order_users[source].append(len(self.order_inputs))
+                    self.order_users[source].append(atom)
             self.order_inputs.append(frozenset(found))
-        self.is_expensive = [i.opcode in EXPENSIVE_OPCODES for i, _ in self.atoms]
 
     @cached_property
     def late_read_rank(self) -> list[int]:
@@ -297,9 +317,6 @@ class ModuleIndex:
                 stack.extend(self.inputs[source])
         through[atom] = frozenset(found)
         return through[atom]
-
-
-_INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 _INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -122,6 +122,65 @@ def _fsdp_spec(shape: tuple[int, ...], fsdp: int, stacked: bool) -> P:
     return P(*([None] * axis + [FSDP_AXIS]))
 
 
+def _mixed_precision_init(transformed, optimizer, example, seed: int):
+    """`init() -> (bf16 parameters, (f32 master copy, Adam state))`."""
+
+    def init():
+        master = transformed.init(jax.random.PRNGKey(seed), example)
+        return jax.tree_util.tree_map(lambda m: m.astype(jnp.bfloat16), master), (
+            master,
+            optimizer.init(master),
+        )
+
+    return init
+
+
+def _mixed_precision_step(transformed, optimizer):
+    """`step(params, (master, adam), batch) -> (params, (master, adam), loss)`:
+    bf16 gradients cast to f32, Adam updates the f32 master copy, and the new
+    bf16 parameters are cast from it."""
+
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(lambda p: transformed.apply(p, batch))(params)
+        master, adam = opt_state
+        grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)
+        updates, adam = optimizer.update(grads, adam, master)
+        master = optax.apply_updates(master, updates)
+        params = jax.tree_util.tree_map(lambda m: m.astype(jnp.bfloat16), master)
+        return params, (master, adam), loss
+
+    return step
+
+
+def _state_shardings(shapes, mesh: Mesh, fsdp: int):
+    """A NamedSharding for each leaf of the step's state (`shapes`): scalars
+    replicated, the rest split over the FSDP axis (`_fsdp_spec`)."""
+
+    def sharding_of(path, leaf):
+        stacked = any("layer_stack" in str(getattr(k, "key", "")) for k in path)
+        if not leaf.shape:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, _fsdp_spec(leaf.shape, fsdp, stacked))
+
+    return jax.tree_util.tree_map_with_path(sharding_of, shapes)
+
+
+def _step_state_and_batch(init, example, shapes, state_shardings, batch_sharding, concrete: bool):
+    """The step's state and batch, placed on the mesh; with `concrete=False`,
+    `jax.ShapeDtypeStruct`s of them carrying their shardings."""
+    if concrete:
+        state = jax.jit(init, out_shardings=state_shardings)()
+        batch = jax.device_put(example, batch_sharding)
+        return state, batch
+    state = jax.tree_util.tree_map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        shapes,
+        state_shardings,
+    )
+    batch = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding) for x in example)
+    return state, batch
+
+
 def build_llama_step(
     size: str = "tiny",
     devices: int = 4,
@@ -139,52 +198,21 @@ def build_llama_step(
     transformed = hk.without_apply_rng(hk.transform(llama(config)))
     example = llama_batch(config, global_batch, np.random.default_rng(seed))
     optimizer = optax.adam(3e-4)
-
-    def init():
-        master = transformed.init(jax.random.PRNGKey(seed), example)
-        return jax.tree_util.tree_map(lambda m: m.astype(jnp.bfloat16), master), (
-            master,
-            optimizer.init(master),
-        )
-
-    def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(lambda p: transformed.apply(p, batch))(params)
-        master, adam = opt_state
-        grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32), grads)
-        updates, adam = optimizer.update(grads, adam, master)
-        master = optax.apply_updates(master, updates)
-        params = jax.tree_util.tree_map(lambda m: m.astype(jnp.bfloat16), master)
-        return params, (master, adam), loss
-
+    init = _mixed_precision_init(transformed, optimizer, example, seed)
+    step = _mixed_precision_step(transformed, optimizer)
     shapes = jax.eval_shape(init)
     grid = np.array(jax.devices()[:devices]).reshape(devices // fsdp, fsdp)
     mesh = Mesh(grid, (DATA_AXIS, FSDP_AXIS))
-
-    def sharding_of(path, leaf):
-        stacked = any("layer_stack" in str(getattr(k, "key", "")) for k in path)
-        if not leaf.shape:
-            return NamedSharding(mesh, P())
-        return NamedSharding(mesh, _fsdp_spec(leaf.shape, fsdp, stacked))
-
-    state_shardings = jax.tree_util.tree_map_with_path(sharding_of, shapes)
+    state_shardings = _state_shardings(shapes, mesh, fsdp)
     batch_sharding = NamedSharding(mesh, P((DATA_AXIS, FSDP_AXIS)))
     fn = jax.jit(
         step,
         in_shardings=(*state_shardings, batch_sharding),
         out_shardings=(*state_shardings, NamedSharding(mesh, P())),
     )
-    if concrete:
-        state = jax.jit(init, out_shardings=state_shardings)()
-        batch = jax.device_put(example, batch_sharding)
-    else:
-        state = jax.tree_util.tree_map(
-            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            shapes,
-            state_shardings,
-        )
-        batch = tuple(
-            jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding) for x in example
-        )
+    state, batch = _step_state_and_batch(
+        init, example, shapes, state_shardings, batch_sharding, concrete
+    )
     leaves = jax.tree_util.tree_leaves(shapes[0])
     return (
         fn,

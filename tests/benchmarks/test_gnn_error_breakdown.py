@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from disco_xla.profiling.dataset import KernelSample, from_samples, save_dataset
-from disco_xla.profiling.train_cost_model import measured
-from disco_xla.simulator.kernel_features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
+from disco_xla.costmodel.dataset import KernelSample, from_samples, save_dataset
+from disco_xla.costmodel.features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
+from disco_xla.costmodel.training import measured
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)

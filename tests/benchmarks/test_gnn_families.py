@@ -13,17 +13,17 @@ import sys
 import numpy as np
 import pytest
 
-from disco_xla.errors import DiscoInputError
-from disco_xla.profiling import train_cost_model
-from disco_xla.profiling.dataset import (
+from disco_xla.costmodel import training
+from disco_xla.costmodel.dataset import (
     MODEL_FAMILIES,
     KernelSample,
     from_samples,
     model_family,
     save_dataset,
 )
-from disco_xla.simulator.gnn import NetworkConfig
-from disco_xla.simulator.kernel_features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
+from disco_xla.costmodel.features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
+from disco_xla.costmodel.network import NetworkConfig
+from disco_xla.errors import DiscoInputError
 from disco_xla.simulator.profiles import load_profile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -107,14 +107,14 @@ def two_family_file(tmp_path_factory):
 
 def test_every_family_is_held_out_once_and_never_trained_on(dataset, monkeypatch):
     trained_on = []  # the models of the kernels each training actually saw
-    original = train_cost_model._training_kernels
+    original = training._training_kernels
 
     def recording(data, held_out):
         kernels = original(data, held_out)
         trained_on.append(set(kernels.model.tolist()))
         return kernels
 
-    monkeypatch.setattr(train_cost_model, "_training_kernels", recording)
+    monkeypatch.setattr(training, "_training_kernels", recording)
     rows = hold_out_each(
         dataset,
         load_profile("cpu-local"),
@@ -151,7 +151,7 @@ def test_every_family_is_held_out_once_and_never_trained_on(dataset, monkeypatch
 
 
 def test_a_held_out_family_of_several_models_is_evaluated_on_all_of_them(dataset):
-    gnn, report = train_cost_model.train(
+    gnn, report = training.train(
         dataset,
         epochs=1,
         max_steps=1,
@@ -160,13 +160,13 @@ def test_a_held_out_family_of_several_models_is_evaluated_on_all_of_them(dataset
     )
     assert report["held_out_models"] == ["resnet50", "keras_ResNet50"]
     assert report["models"] == ["bert_base", "keras_MobileNetV2"]
-    figures = train_cost_model.evaluate(
+    figures = training.evaluate(
         gnn, dataset, load_profile("cpu-local"), only_models=["resnet50", "keras_ResNet50"]
     )
     assert figures["models"] == ["keras_ResNet50", "resnet50"]
     assert figures["samples"] == 2 * KERNELS
     with pytest.raises(DiscoInputError, match="no kernels of this model"):
-        train_cost_model.train(dataset, epochs=1, hold_out_models=["vgg19"])
+        training.train(dataset, epochs=1, hold_out_models=["vgg19"])
 
 
 def test_model_families():
@@ -220,5 +220,5 @@ def test_a_model_without_a_family_is_one_line_and_exit_code_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "gnn_cost_model.py: error: alexnet: no family for this model; add it to "
-        "MODEL_FAMILIES in disco_xla/profiling/dataset.py"
+        "MODEL_FAMILIES in disco_xla/costmodel/dataset.py"
     )

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from disco_xla.profiling.dataset import from_samples, save_dataset
+from disco_xla.costmodel.dataset import from_samples, save_dataset
 from tests.benchmarks.test_gnn_families import REPO, _samples
 
 sys.path.insert(0, REPO)

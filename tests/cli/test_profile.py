@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from disco_xla.profiling.dataset import load_dataset
+from disco_xla.costmodel.dataset import load_dataset
 from disco_xla.runtime.xla_runner import available_devices
 from tests.conftest import run_cli
 
@@ -60,8 +60,8 @@ def test_profile_command_on_a_gpu_without_one_exits_2_in_one_line(module_files, 
 def test_profile_command_on_the_cpu_named_explicitly_and_learning(module_files, tmp_path):
     """`--learn CLUSTER` keeps each distinct kernel's measured time in the plan
     cache, under that profile's machine key, for the next search there."""
+    from disco_xla.costmodel.dataset import load_dataset
     from disco_xla.plan_cache import PlanCache, machine_key
-    from disco_xla.profiling.dataset import load_dataset
     from disco_xla.simulator.profiles import load_profile
 
     out = tmp_path / "cpu.npz"

@@ -153,7 +153,7 @@ def test_constant_expressions_never_cross_a_group_edge():
 def test_groups_xla_forms_itself_and_library_ops_are_left_to_xla(step):
     """XLA's own fusion rewrites to the unchanged program; a plan that splits one
     of XLA's groups outlines only the groups that depart, never a dot."""
-    from disco_xla.planning import xla_own_groups
+    from disco_xla.checked_rewrite import xla_own_groups
     from disco_xla.search.xla_fusion import xla_fusion_plan
 
     own = xla_own_groups(step)

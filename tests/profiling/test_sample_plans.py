@@ -8,16 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from disco_xla.costmodel.dataset import from_samples, load_dataset, save_dataset
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import EXPENSIVE_OPCODES, Plan, verify_plan
-from disco_xla.profiling.dataset import (
-    SCHEMA,
-    from_samples,
-    load_dataset,
-    load_datasets,
-    save_dataset,
-)
 from disco_xla.profiling.sample_plans import (
     measure_plan,
     measure_xla_compiled,
@@ -81,39 +75,6 @@ def test_every_group_of_a_plan_gets_a_positive_time(step_module, samples):
     assert largest.graph.node_count == max(len(g) for g in outlined)
     assert not {"dot", "convolution"} & set(largest.graph.opcodes)
     assert largest.graph.edge_count >= 1
-
-
-def test_the_data_set_round_trips_through_npz(samples, tmp_path):
-    dataset = from_samples(samples)
-    path = str(tmp_path / "kernels.npz")
-    save_dataset(dataset, path)
-    again = load_dataset(path)
-    assert len(again) == len(samples)
-    np.testing.assert_array_equal(again.time_s, dataset.time_s)
-    for index in (0, len(samples) // 2, len(samples) - 1):
-        graph, expected = again.graph(index), samples[index].graph
-        assert graph.opcodes == expected.opcodes
-        np.testing.assert_array_equal(graph.senders, expected.senders)
-        np.testing.assert_array_equal(graph.dims, expected.dims)
-    both = load_datasets([path, path])
-    assert len(both) == 2 * len(samples)
-    assert both.graph(len(samples)).opcodes == dataset.graph(0).opcodes
-
-
-def test_a_data_set_of_another_schema_or_a_corrupt_file_is_refused(samples, tmp_path):
-    other = tmp_path / "other.npz"
-    arrays = {k: getattr(from_samples(samples), k) for k in ("time_s", "node_opcode")}
-    np.savez(other, schema=np.array("disco-xla-kernels/0"), **arrays)
-    with pytest.raises(DiscoInputError, match="schema"):
-        load_dataset(str(other))
-    corrupt = tmp_path / "corrupt.npz"
-    corrupt.write_bytes(b"not a zip file")
-    with pytest.raises(DiscoInputError, match="not a kernel data set"):
-        load_dataset(str(corrupt))
-    current = tmp_path / "current.npz"
-    save_dataset(from_samples(samples), str(current))
-    with np.load(current) as data:
-        assert str(data["schema"]) == SCHEMA
 
 
 def test_every_sample_keeps_the_speed_reference_taken_around_its_plan(samples, tmp_path):

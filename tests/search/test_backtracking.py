@@ -9,6 +9,7 @@ from disco_xla import DiscoInputError
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan, verify_plan
 from disco_xla.search.backtracking import greedy_fusion_plan, search
+from disco_xla.settings import OptimizeSettings
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
@@ -31,8 +32,8 @@ def test_search_is_legal_deterministic_and_no_worse_than_its_start(step, cluster
     profile = load_profile(cluster)
     cost_model = RooflineCostModel(profile)
     starts = [Plan.unfused(step), greedy_fusion_plan(step)]
-    first = search(step, profile, cost_model, starts, max_evaluations=120, seed=3)
-    again = search(step, profile, cost_model, starts, max_evaluations=120, seed=3)
+    first = search(step, profile, cost_model, starts, OptimizeSettings(max_evaluations=120, seed=3))
+    again = search(step, profile, cost_model, starts, OptimizeSettings(max_evaluations=120, seed=3))
     assert first.plan == again.plan and first.iteration_s == again.iteration_s
     verify_plan(first.plan, step)
     assert first.evaluations == 120
@@ -51,14 +52,22 @@ def test_search_is_legal_deterministic_and_no_worse_than_its_start(step, cluster
 def test_a_budget_of_zero_is_refused(step):
     profile = load_profile("cpu-local")
     with pytest.raises(DiscoInputError, match="budget"):
-        search(step, profile, RooflineCostModel(profile), [Plan.unfused(step)], budget_s=0)
+        search(
+            step,
+            profile,
+            RooflineCostModel(profile),
+            [Plan.unfused(step)],
+            OptimizeSettings(budget_s=0),
+        )
 
 
 def test_the_search_keeps_its_best_distinct_plans_best_first(step):
     profile = load_profile("cpu-local")
     cost_model = RooflineCostModel(profile)
     starts = [Plan.unfused(step), greedy_fusion_plan(step)]
-    result = search(step, profile, cost_model, starts, max_evaluations=60, seed=3, keep=5)
+    result = search(
+        step, profile, cost_model, starts, OptimizeSettings(max_evaluations=60, seed=3), keep=5
+    )
     seconds = [s for s, _ in result.top_plans]
     assert len(result.top_plans) == 5 and seconds == sorted(seconds)
     assert result.top_plans[0] == (result.iteration_s, result.plan)
@@ -68,7 +77,8 @@ def test_the_search_keeps_its_best_distinct_plans_best_first(step):
         graph = build_task_graph(step, plan)
         assert simulate(graph, profile, cost_model).iteration_s == pytest.approx(simulated_s)
     # Keeping more changes nothing in the search itself.
-    assert search(step, profile, cost_model, starts, max_evaluations=60, seed=3).plan == result.plan
+    sixty = OptimizeSettings(max_evaluations=60, seed=3)
+    assert search(step, profile, cost_model, starts, sixty).plan == result.plan
 
 
 def test_python_api_returns_a_legal_plan_and_matches_the_search(step):
@@ -83,8 +93,7 @@ def test_python_api_returns_a_legal_plan_and_matches_the_search(step):
         profile,
         RooflineCostModel(profile),
         [Plan.unfused(step), greedy_fusion_plan(step)],
-        max_evaluations=80,
-        seed=5,
+        OptimizeSettings(max_evaluations=80, seed=5),
     )
     assert plan == direct.plan
     with pytest.raises(DiscoInputError, match="unknown cost model"):
@@ -111,10 +120,11 @@ def test_plans_only_split_xla_groups_and_pay_for_each_boundary(step):
     profile = load_profile("cpu-local")
     roofline = RooflineCostModel(profile)
     # Unfused starts refine XLA's groups; greedy fusion does not, and is skipped.
+    two_hundred = OptimizeSettings(max_evaluations=200)
     starts = [Plan.unfused(step), greedy_fusion_plan(step)]
-    found = search(step, profile, roofline, starts, max_evaluations=200, within_groups=own)
+    found = search(step, profile, roofline, starts, two_hundred, within_groups=own)
     assert all(len({group_of[n] for n in group}) == 1 for group in found.plan.fusion_groups)
-    free = search(step, profile, roofline, starts, max_evaluations=200)
+    free = search(step, profile, roofline, starts, two_hundred)
     assert any(len({group_of[n] for n in group}) > 1 for group in free.plan.fusion_groups)
 
     # The charge: exactly fusion_boundary_s for each departing group.
@@ -133,7 +143,7 @@ def test_plans_only_split_xla_groups_and_pay_for_each_boundary(step):
         costly,
         charged,
         [unfused, xla_fusion_plan(step, compiled)],
-        max_evaluations=200,
+        two_hundred,
         within_groups=own,
     )
     assert departing_groups(step, kept.plan, own) == []

@@ -13,9 +13,10 @@ from disco_xla.runtime.apply import NO_COMBINER
 from disco_xla.runtime.xla_runner import compile_module
 from disco_xla.search.backtracking import _critical, _neighbours, critical_names
 from disco_xla.search.baselines import BASELINES, captured_baselines
-from disco_xla.search.compare import ROWS, compare_plans
 from disco_xla.search.moves import Fuse, Rebucket
+from disco_xla.search.pipeline import ROWS, Pricing, plan_module
 from disco_xla.search.xla_fusion import split_unconnected, xla_fusion_groups, xla_fusion_plan
+from disco_xla.settings import OptimizeSettings
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.incremental import PlanState
@@ -121,11 +122,9 @@ def test_every_baseline_is_a_legal_plan_over_the_captured_module(step_and_compil
 def test_the_search_is_never_slower_than_any_baseline_and_deterministic(step_and_compiled):
     step, compiled = step_and_compiled
     profile = load_profile("v100-2x8-25g")
-    cost_model = RooflineCostModel(profile)
-    runs = [
-        compare_plans(step, compiled, profile, cost_model, max_evaluations=60, seed=4)
-        for _ in range(2)
-    ]
+    prices = Pricing(profile, RooflineCostModel(profile))
+    settings = OptimizeSettings(max_evaluations=60, seed=4)
+    runs = [plan_module(step, settings, prices, compiled, ablations=True) for _ in range(2)]
     first, second = runs
     assert tuple(first.results) == ROWS
     assert first.found.plan == second.found.plan

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from disco_xla.costmodel.features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
 from disco_xla.errors import DiscoInputError
-from disco_xla.simulator.kernel_features import ATTRIBUTE_NAMES, MAX_RANK, KernelGraph
 
 SCHEMA = "disco-xla-kernels/4"  # 2: node_attributes; 3: their library columns; 4: reference_s
 # Older schemas this version still reads, and the fields they lack (filled with NaN).
@@ -81,7 +81,7 @@ def model_family(model: str) -> str:
     except KeyError:
         raise DiscoInputError(
             model,
-            "no family for this model; add it to MODEL_FAMILIES in disco_xla/profiling/dataset.py",
+            "no family for this model; add it to MODEL_FAMILIES in disco_xla/costmodel/dataset.py",
         ) from None
 
 

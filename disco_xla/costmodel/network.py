@@ -1,17 +1,17 @@
 """The GNN kernel cost model: a graph network over a fused kernel's instructions
 that predicts the kernel's log-time (the DisCo paper's learned cost model).
 
-Input, one `jraph.GraphsTuple` per kernel (`kernel_features.kernel_graph`):
+Input, one `jraph.GraphsTuple` per kernel (`features.kernel_graph`):
 - nodes: an opcode embedding over a fixed vocabulary with an 'other' bucket, a
   one-hot dtype, log2(1 + dim) for up to `MAX_RANK` dims, rank, and log2(1 + x) of
   the instruction's FLOPs, result bytes and bytes read from outside the kernel,
   whether its result leaves the kernel, and (feature set 2) log2 of its structural
   attributes: window, strides, groups, fan-in, minor dimension, and whether a
-  transpose moves the minor dimension (`kernel_features.STRUCTURAL_ATTRIBUTE_NAMES`),
+  transpose moves the minor dimension (`features.STRUCTURAL_ATTRIBUTE_NAMES`),
   and (feature set 3) beside those, for a dot or a convolution, log2 of the rows,
   columns, contracted size and batch of its matrix product, and whether its
   operands and result come in the library's layout
-  (`kernel_features.LIBRARY_ATTRIBUTE_NAMES`);
+  (`features.LIBRARY_ATTRIBUTE_NAMES`);
 - edges: operand → user, with log2(1 + tensor bytes);
 - globals: log2(1 + x) of the kernel's FLOPs, bytes in, bytes out and node count:
   the roofline's inputs, so a kernel of unseen opcodes still gets a sensible time.
@@ -25,81 +25,47 @@ and an MLP head that predicts standardised log(seconds). Batches are padded with
 `jraph.pad_with_graphs` to power-of-two sizes, so jit compiles a few shapes only.
 
 `GnnCostModel` implements the simulator's `CostModel` protocol, with a cache keyed
-by the kernel's structural hash. Weights live in a directory: `config.json`
-(schema, vocabulary, sizes, target scaling) and `params.npz`.
+by the kernel's structural hash. Its weights are read and written by `weights.py`.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from disco_xla.errors import DiscoInputError
-from disco_xla.simulator.kernel_features import (
+from disco_xla.costmodel.features import (
     ATTRIBUTE_NAMES,
     DTYPE_VOCABULARY,
+    LATEST_FEATURE_SET,
     MAX_RANK,
     OPCODE_VOCABULARY,
-    STRUCTURAL_ATTRIBUTE_NAMES,
+    SET_ATTRIBUTES,
     KernelGraph,
     kernel_graph,
 )
+from disco_xla.costmodel.weights import read_model
+from disco_xla.errors import DiscoInputError
 from disco_xla.simulator.kernels import Kernel, TaskGraph
 
-MODEL_SCHEMA = "disco-xla-gnn/1"
-_REPO_WEIGHTS = Path(__file__).resolve().parents[2] / "configs" / "costmodels"
-_INSTALLED_WEIGHTS = Path(sys.prefix) / "share" / "disco-xla" / "configs" / "costmodels"
-DEFAULT_DEVICE = "cpu"
 BATCH_GRAPHS = 512  # graphs per prediction batch (padding rounds up to a power of two)
 
 log = logging.getLogger(__name__)
 
+# Node features before the attribute columns of a feature set (`SET_ATTRIBUTES`).
 NODE_FEATURES = len(DTYPE_VOCABULARY) + 1 + MAX_RANK + 5
 GLOBAL_FEATURES = 4
-# Feature sets: 1, the features above; 2, those and each node's structural
-# attributes (`kernel_features.STRUCTURAL_ATTRIBUTE_NAMES`); 3, all of
-# `kernel_features.ATTRIBUTE_NAMES` (the library instructions' too). A model's
-# config names its set; weights written before sets existed read as set 1.
-_SET_ATTRIBUTES = {1: 0, 2: len(STRUCTURAL_ATTRIBUTE_NAMES), 3: len(ATTRIBUTE_NAMES)}
-FEATURE_SETS = tuple(_SET_ATTRIBUTES)
-LATEST_FEATURE_SET = 3
-
-
-def weights_device(device_name: str) -> str:
-    """The shipped weights for a cluster profile's `device_name`: the directory of
-    `configs/costmodels/` named by one of its words ('NVIDIA H200 SXM' -> 'h200'),
-    else the CPU's. Kernel times of one device do not predict another's, so a
-    profile whose device has no weights of its own gets the CPU's only as a last
-    resort (the roofline uses its peak figures)."""
-    for word in device_name.lower().replace("-", " ").split():
-        if word != DEFAULT_DEVICE and (default_model_directory(word) / "config.json").exists():
-            return word
-    return DEFAULT_DEVICE
-
-
-def default_model_directory(device: str = DEFAULT_DEVICE) -> Path:
-    """Shipped weights for `device`: `configs/costmodels/<device>/` of the source
-    tree, else of the installed data files (found as the cluster profiles are)."""
-    for root in (_REPO_WEIGHTS, _INSTALLED_WEIGHTS):
-        candidate = root / device
-        if (candidate / "config.json").exists():
-            return candidate
-    return _REPO_WEIGHTS / device
 
 
 class FlatGraphs(Protocol):
     """Many kernel graphs stored flat (the data set's layout, see
-    `profiling/dataset.py`; `stack_graphs` builds one from `KernelGraph`s)."""
+    `dataset.py`; `stack_graphs` builds one from `KernelGraph`s)."""
 
     node_opcode: np.ndarray
     node_dtype: np.ndarray
@@ -193,7 +159,7 @@ class Features:
     """Featurised flat graphs: what the network reads, before batching."""
 
     opcode: np.ndarray  # [N] int32 vocabulary index
-    nodes: np.ndarray  # [N, NODE_FEATURES] float32
+    nodes: np.ndarray  # [N, NODE_FEATURES + its set's attributes] float32
     edges: np.ndarray  # [E, 1] float32
     senders: np.ndarray  # [E] int32, global node index
     receivers: np.ndarray
@@ -212,7 +178,7 @@ def featurize(
     feature_set: int = LATEST_FEATURE_SET,
 ) -> Features:
     """The network's input features of every graph in `flat` (see the module
-    docstring and FEATURE_SETS); log2 values are scaled by 1/32 (attributes by
+    docstring and `features.FEATURE_SETS`); log2 values are scaled by 1/32 (attributes by
     1/16) to stay near [0, 1]."""
     opcode, unknown = _index(flat.node_opcode, opcodes)
     dtype, _ = _index(flat.node_dtype, DTYPE_VOCABULARY)
@@ -230,9 +196,9 @@ def featurize(
         axis=-1,
     ).reshape(count, 5)
     parts = [dtype_one_hot, _log2p(flat.node_dims.astype(np.float64)) / 16, scalars]
-    if _SET_ATTRIBUTES[feature_set]:
+    if SET_ATTRIBUTES[feature_set]:
         attributes = np.asarray(flat.node_attributes, np.float64).reshape(count, -1)
-        attributes = attributes[:, : _SET_ATTRIBUTES[feature_set]]
+        attributes = attributes[:, : SET_ATTRIBUTES[feature_set]]
         parts.append(np.log2(np.maximum(attributes, 2.0**-16)) / 16)
     nodes = np.concatenate(parts, axis=-1).astype(np.float32)
     edge_graph = np.repeat(np.arange(len(flat.edge_offsets) - 1), np.diff(flat.edge_offsets))
@@ -360,29 +326,6 @@ def jitted_apply(config: NetworkConfig):
     return jax.jit(network(config).apply)
 
 
-def save_model(
-    directory: str, params, config: NetworkConfig, target_mean: float, target_std: float, info
-) -> None:
-    """Write `config.json` and `params.npz` (haiku's module/parameter names as keys)."""
-    os.makedirs(directory, exist_ok=True)
-    flat = {
-        f"{module}/{name}": np.asarray(v) for module, p in params.items() for name, v in p.items()
-    }
-    np.savez(os.path.join(directory, "params.npz"), **flat)
-    with open(os.path.join(directory, "config.json"), "w") as file:
-        json.dump(
-            {
-                "schema": MODEL_SCHEMA,
-                "network": config.to_dict(),
-                "target_log_s_mean": target_mean,
-                "target_log_s_std": target_std,
-                "training": info,
-            },
-            file,
-            indent=1,
-        )
-
-
 class GnnCostModel:
     """Predicted kernel times from the GNN, cached by structural hash."""
 
@@ -403,45 +346,9 @@ class GnnCostModel:
     def load(cls, directory: str | os.PathLike) -> GnnCostModel:
         """Read a model directory; DiscoInputError if it is missing or corrupt."""
         directory = str(directory)
-        config_path = os.path.join(directory, "config.json")
-        try:
-            with open(config_path) as file:
-                data = json.load(file)
-            if not isinstance(data, dict) or data.get("schema") != MODEL_SCHEMA:
-                schema = data.get("schema") if isinstance(data, dict) else None
-                raise DiscoInputError(
-                    directory, f"model schema {schema!r}, this version reads {MODEL_SCHEMA!r}"
-                )
-            network_config = data["network"]
-            config = NetworkConfig(
-                hidden=int(network_config["hidden"]),
-                layers=int(network_config["layers"]),
-                opcode_embedding=int(network_config["opcode_embedding"]),
-                opcodes=tuple(str(o) for o in network_config["opcodes"]),
-                feature_set=int(network_config.get("feature_set", 1)),
-            )
-            if config.feature_set not in FEATURE_SETS:
-                raise DiscoInputError(
-                    directory,
-                    f"feature set {config.feature_set}, this version reads {FEATURE_SETS}",
-                )
-            mean, std = float(data["target_log_s_mean"]), float(data["target_log_s_std"])
-            params: dict[str, dict[str, Any]] = {}
-            with np.load(os.path.join(directory, "params.npz"), allow_pickle=False) as arrays:
-                for key in arrays.files:
-                    module, name = key.rsplit("/", 1)
-                    params.setdefault(module, {})[name] = arrays[key]
-        except DiscoInputError:
-            raise
-        except FileNotFoundError as error:
-            raise DiscoInputError(
-                directory,
-                f"not a GNN cost model directory (no {os.path.basename(error.filename or '')})",
-            ) from None
-        except (OSError, ValueError, KeyError, TypeError, EOFError) as error:
-            message = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise DiscoInputError(directory, f"corrupt GNN cost model ({message})") from None
-        model = cls(params, config, mean, std)
+        saved = read_model(directory)
+        config = NetworkConfig(**saved.network)
+        model = cls(saved.params, config, saved.target_mean, saved.target_std)
         model._check_parameters(directory)
         return model
 

@@ -27,24 +27,25 @@ from __future__ import annotations
 import time
 import types
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from disco_xla.errors import DiscoInputError
-from disco_xla.profiling.dataset import KernelDataset
-from disco_xla.simulator.cost_models import RooflineCostModel
-from disco_xla.simulator.gnn import BATCH_GRAPHS as PREDICT_BATCH
-from disco_xla.simulator.gnn import (
-    LATEST_FEATURE_SET,
+from disco_xla.costmodel.dataset import KernelDataset
+from disco_xla.costmodel.features import LATEST_FEATURE_SET, OPCODE_VOCABULARY
+from disco_xla.costmodel.network import BATCH_GRAPHS as PREDICT_BATCH
+from disco_xla.costmodel.network import (
     GnnCostModel,
     NetworkConfig,
     batch,
     jitted_apply,
     network,
-    save_model,
 )
-from disco_xla.simulator.kernel_features import OPCODE_VOCABULARY
+from disco_xla.costmodel.weights import save_model
+from disco_xla.errors import DiscoInputError
+from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.kernels import KernelArrays
 from disco_xla.simulator.profiles import ClusterProfile
 
@@ -107,19 +108,13 @@ def train(
     start_s = time.perf_counter()
     held_out = _held_out(hold_out_model, hold_out_models)
     data = _training_kernels(dataset, held_out)
-    # The vocabulary is the fixed one less the opcodes training never saw: those
-    # go to the 'other' bucket, which learns from OTHER_FRACTION of the nodes.
-    seen = set(data.node_opcode.tolist())
-    config = config or NetworkConfig(
-        opcodes=tuple(o for o in OPCODE_VOCABULARY if o in seen), feature_set=feature_set
-    )
+    config = config or _default_config(data, feature_set)
     train_data, validation_data = _split(data, seed)
     log_s = np.log(train_data.time_s)
     mean, std = float(log_s.mean()), float(max(log_s.std(), 1e-3))
     train_targets = ((log_s - mean) / std).astype(np.float32)
     validation_targets = ((np.log(validation_data.time_s) - mean) / std).astype(np.float32)
-    validation_features = config.featurize(validation_data)
-    predict_validation = _batched_predictor(config, validation_features)
+    predict_validation = _batched_predictor(config, config.featurize(validation_data))
 
     def validation_loss(params) -> float:
         return float(np.mean((predict_validation(params) - validation_targets) ** 2))
@@ -128,9 +123,64 @@ def train(
     rng = np.random.default_rng(seed)
     first_graph = batch(config.featurize(train_data), 0, 1)
     params = model.init(jax.random.PRNGKey(seed), first_graph)
-    initial_loss = validation_loss(params)
     run = _EpochRun(model, params, config, train_data, train_targets, rng, max_steps)
-    best_loss, best_params, best_epoch = initial_loss, params, 0
+    stopped = _run_epochs(run, validation_loss, epochs, verbose, start_s, max_seconds)
+    gnn = GnnCostModel(stopped.best_params, config, mean, std)
+    validation_predicted = np.exp(predict_validation(stopped.best_params) * std + mean)
+    report = {
+        "train_samples": len(train_data),
+        "validation_samples": len(validation_data),
+        "held_out_model": hold_out_model,
+        "held_out_models": held_out,
+        "models": sorted(set(train_data.model.tolist())),
+        "epochs": stopped.epochs_run,
+        "best_epoch": stopped.best_epoch,
+        "steps": run.steps,
+        "initial_validation_loss": stopped.initial_loss,
+        "best_validation_loss": stopped.best_loss,
+        "validation_mape": _mape(validation_predicted, validation_data.time_s),
+        "seconds": time.perf_counter() - start_s,
+        "target_log_s_mean": mean,
+        "target_log_s_std": std,
+    }
+    return gnn, report
+
+
+def _default_config(data: KernelDataset, feature_set: int) -> NetworkConfig:
+    """The network for `data`: the vocabulary is the fixed one less the opcodes
+    training never saw; those go to the 'other' bucket, which learns from
+    OTHER_FRACTION of the nodes."""
+    seen = set(data.node_opcode.tolist())
+    return NetworkConfig(
+        opcodes=tuple(o for o in OPCODE_VOCABULARY if o in seen), feature_set=feature_set
+    )
+
+
+@dataclass(frozen=True)
+class _Stopped:
+    """Where early stopping left a training run: the validation loss before the
+    first epoch, and the best epoch's loss and parameters."""
+
+    initial_loss: float
+    best_loss: float
+    best_params: Any
+    best_epoch: int
+    epochs_run: int
+
+
+def _run_epochs(
+    run: _EpochRun,
+    validation_loss: Callable[[Any], float],
+    epochs: int,
+    verbose: bool,
+    start_s: float,
+    max_seconds: float | None,
+) -> _Stopped:
+    """Early stopping: epochs of `run` until `epochs`, `PATIENCE` epochs without a
+    lower validation loss, the end of the step budget, or `max_seconds` of wall
+    time since `start_s`, whichever comes first."""
+    initial_loss = validation_loss(run.params)
+    best_loss, best_params, best_epoch = initial_loss, run.params, 0
     epochs_run, since_best = 0, 0
     for epoch in range(epochs):
         run.epoch()
@@ -145,25 +195,7 @@ def train(
         out_of_time = max_seconds is not None and time.perf_counter() - start_s >= max_seconds
         if since_best >= PATIENCE or run.out_of_steps() or out_of_time:
             break
-    gnn = GnnCostModel(best_params, config, mean, std)
-    validation_predicted = np.exp(predict_validation(best_params) * std + mean)
-    report = {
-        "train_samples": len(train_data),
-        "validation_samples": len(validation_data),
-        "held_out_model": hold_out_model,
-        "held_out_models": held_out,
-        "models": sorted(set(train_data.model.tolist())),
-        "epochs": epochs_run,
-        "best_epoch": best_epoch,
-        "steps": run.steps,
-        "initial_validation_loss": initial_loss,
-        "best_validation_loss": best_loss,
-        "validation_mape": _mape(validation_predicted, validation_data.time_s),
-        "seconds": time.perf_counter() - start_s,
-        "target_log_s_mean": mean,
-        "target_log_s_std": std,
-    }
-    return gnn, report
+    return _Stopped(initial_loss, best_loss, best_params, best_epoch, epochs_run)
 
 
 def _held_out(hold_out_model: str | None, hold_out_models: Sequence[str]) -> list[str]:

@@ -7,9 +7,12 @@ whether a transpose moves it; for a dot or a convolution, the shape of its matri
 product and whether its operands come in the library's layout) and one edge per
 operand → user pair inside the kernel, weighted by the tensor's bytes. A `fusion`
 instruction (a kernel of a compiled module) is opened up: its fused computation's
-instructions become the nodes, its parameters the kernel's inputs. The profiling
-data set stores these arrays as they are, and the GNN featurises them with a fixed
-vocabulary (`featurize`), so one function serves training and prediction.
+instructions become the nodes, its parameters the kernel's inputs. The data set
+(`dataset.py`) stores these arrays as they are, and the network featurises them
+with a fixed vocabulary (`network.featurize`), so one function serves training and
+prediction.
+
+Feature sets (`FEATURE_SETS`) say how many of those attributes the network reads.
 """
 
 from __future__ import annotations
@@ -74,6 +77,14 @@ LIBRARY_ATTRIBUTE_NAMES = (
     "canonical_result",
 )
 ATTRIBUTE_NAMES = STRUCTURAL_ATTRIBUTE_NAMES + LIBRARY_ATTRIBUTE_NAMES
+
+# Feature sets: 1, the plain node features; 2, those and each node's structural
+# attributes (`STRUCTURAL_ATTRIBUTE_NAMES`); 3, all of `ATTRIBUTE_NAMES` (the
+# library instructions' too). A model's config names its set; weights written
+# before sets existed read as set 1. Set -> how many attribute columns it reads.
+SET_ATTRIBUTES = {1: 0, 2: len(STRUCTURAL_ATTRIBUTE_NAMES), 3: len(ATTRIBUTE_NAMES)}
+FEATURE_SETS = tuple(SET_ATTRIBUTES)
+LATEST_FEATURE_SET = 3
 
 
 @dataclass(frozen=True)

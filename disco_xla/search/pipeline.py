@@ -1,0 +1,209 @@
+"""The planning pipeline: from a captured module to its plan, the one path that
+`disco-xla optimize`, `disco_xla.optimize`, `planning.find_plan` (under
+`disco_xla.jit`, `disco_xla.tf_function` and the env hook) and the demo all take.
+
+1. Pricing (`pricing`): the settings' cluster profile at the module's worker
+   count, and its cost model. Kernel times measured on this machine, and
+   collective costs learned here, come first where given.
+2. Baselines: given XLA's compile of the module with its all-reduce combiner
+   off, every baseline of `baselines.BASELINES` as a plan over the module (XLA's
+   kernels mapped back onto it), simulated as XLA runs it. XLA's own groups then
+   bound the search: plans only split them, and pay the profile's boundary cost
+   for each group that departs (`cost_models.boundary_charged`).
+3. Ablations, when asked for (the CLI's report): `fusion-only`, the search with
+   fusion moves only, from the best baseline and the greedy fusion; and
+   `bucketing-only`, with bucket moves only, from the best baseline that keeps
+   XLA's fusion.
+4. The search, `found`: every move, from no fusion, the greedy fusion, every
+   baseline and the ablations' plans, so it is never slower than any of them.
+
+T_ideal = max(C, A) uses for C the kernel time of XLA's fusion (the
+`xla-nocombine` plan has no bucket copies) and for A one all-reduce of every
+gradient byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from disco_xla.hlo.graph import HloModule
+from disco_xla.plan import Plan
+from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
+from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
+from disco_xla.settings import OptimizeSettings
+from disco_xla.simulator.cost_models import (
+    CostModel,
+    TableCostModel,
+    boundary_charged,
+    make_cost_model,
+)
+from disco_xla.simulator.events import simulate
+from disco_xla.simulator.incremental import GroupCosts
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import ClusterProfile, load_profile
+from disco_xla.simulator.result import SimulationResult
+from disco_xla.simulator.step_time_fit import CollectiveCosts
+
+ABLATIONS = ("fusion-only", "bucketing-only")
+# Every row a comparison can hold, in the order reports print them.
+ROWS = (*BASELINES, *ABLATIONS, "found")
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What the pipeline prices plans with."""
+
+    profile: ClusterProfile  # at the module's worker count
+    cost_model: CostModel  # kernel times
+
+
+def pricing(
+    module: HloModule,
+    settings: OptimizeSettings,
+    table: str | None = None,
+    measured_s: dict[str, float] | None = None,
+    learned: CollectiveCosts | None = None,
+) -> Pricing:
+    """The settings' profile (`cluster`) for the module's worker count and its
+    cost model (`cost_model`, with `table` for the table model). `measured_s`
+    holds kernel times measured on this machine (structural hash -> seconds):
+    they are trusted first, the cost model gives the others. `learned`
+    collective costs, where known, replace the profile's cost of each collective
+    and of each tuple tensor (`planning.learned_collective_costs`)."""
+    profile = load_profile(settings.cluster, module.worker_count())
+    if learned is not None:
+        profile = learned.applied_to(profile)
+    model = make_cost_model(settings.cost_model, profile, table)
+    if measured_s:
+        model = TableCostModel(measured_s, fallback=model)
+    return Pricing(profile, model)
+
+
+@dataclass(frozen=True)
+class PlanComparison:
+    """What the pipeline found for one module, and everything it compared."""
+
+    baselines: dict[str, Baseline]  # none without XLA's compile
+    # By ROWS name, in that order: each baseline as XLA runs it, each ablation
+    # run, and 'found'; all simulated over the captured module.
+    results: dict[str, SimulationResult]
+    searches: dict[str, SearchResult]  # each ablation run, and 'found'
+    # Each baseline's plan and its simulated seconds as the rewrite would run it
+    # (for 'xla', as XLA runs it: XLA's own program): the candidates to measure.
+    baseline_plans: dict[str, tuple[Plan, float]]
+
+    @property
+    def found(self) -> SearchResult:
+        return self.searches["found"]
+
+
+OnSearch = Callable[[str], Callable[[int, float], None]]
+
+
+def plan_module(
+    module: HloModule,
+    settings: OptimizeSettings,
+    prices: Pricing,
+    compiled: HloModule | None = None,
+    *,
+    ablations: bool = False,
+    keep: int = 1,
+    on_search: OnSearch | None = None,
+) -> PlanComparison:
+    """Run the pipeline (the module docstring) on `module` within the budget of
+    `settings`. `compiled` is the module as XLA compiled it with its all-reduce
+    combiner off (`runtime.xla_runner.compile_module(module, NO_COMBINER)`);
+    without it there are no baselines, and the search starts from no fusion and
+    the greedy fusion alone. The search keeps its `keep` best plans
+    (`SearchResult.top_plans`). `on_search(label)` gives the progress callback
+    of each search."""
+    profile, cost_model = prices.profile, prices.cost_model
+    baselines = captured_baselines(module, compiled, profile, cost_model) if compiled else {}
+    own_groups = None
+    if baselines:
+        own_groups = baselines["xla-nocombine"].plan.fusion_groups
+        cost_model = boundary_charged(cost_model, profile, own_groups)
+    run = _Runs(module, settings, profile, cost_model, own_groups, on_search)
+    results = run.baselines(baselines)
+    starts = [Plan.unfused(module), greedy_fusion_plan(module)]
+    starts += [b.plan for b in baselines.values()]
+    searches: dict[str, SearchResult] = {}
+    if ablations and baselines:
+        searches = run.ablations(baselines, results)
+        starts += [found.plan for found in searches.values()]
+    searches["found"] = run.search("found", starts, "all", keep)
+    for label, found in searches.items():
+        results[label] = run.simulate(build_task_graph(module, found.plan))
+    rows = {name: results[name] for name in ROWS if name in results}
+    return PlanComparison(baselines, rows, searches, run.baseline_plans(baselines, results))
+
+
+class _Runs:
+    """The simulations and searches of one pipeline run, over one module with
+    one profile and (charged) cost model."""
+
+    def __init__(self, module, settings, profile, cost_model, own_groups, on_search):
+        self.module, self.settings, self.profile = module, settings, profile
+        self.cost_model, self.own_groups, self.on_search = cost_model, own_groups, on_search
+        self.costs = GroupCosts(module, cost_model, profile.kernel_time_scale)
+        self.ideal_compute_s: float | None = None
+
+    def simulate(self, graph) -> SimulationResult:
+        return simulate(graph, self.profile, self.cost_model, ideal_compute_s=self.ideal_compute_s)
+
+    def baselines(self, baselines: dict[str, Baseline]) -> dict[str, SimulationResult]:
+        """Each baseline simulated as XLA runs it, against the compute time of
+        XLA's own fusion."""
+        if not baselines:
+            return {}
+        own = build_task_graph(self.module, baselines["xla-nocombine"].plan)
+        self.ideal_compute_s = self.simulate(own).compute_s
+        return {name: self.simulate(b.task_graph()) for name, b in baselines.items()}
+
+    def ablations(
+        self, baselines: dict[str, Baseline], results: dict[str, SimulationResult]
+    ) -> dict[str, SearchResult]:
+        """Both ablations, each from the best baseline it may start from."""
+
+        def best_of(names) -> Plan:
+            return baselines[min(names, key=lambda n: (results[n].iteration_s, n))].plan
+
+        fused_by_xla = [name for name in baselines if name != "none"]
+        return {
+            "fusion-only": self.search(
+                "fusion-only",
+                [best_of(baselines), greedy_fusion_plan(self.module)],
+                "fusion",
+            ),
+            "bucketing-only": self.search("bucketing-only", [best_of(fused_by_xla)], "bucketing"),
+        }
+
+    def search(self, label: str, starts: list[Plan], moves: str, keep: int = 1) -> SearchResult:
+        return search(
+            self.module,
+            self.profile,
+            self.cost_model,
+            starts,
+            self.settings,
+            moves=moves,
+            keep=keep,
+            costs=self.costs,
+            within_groups=self.own_groups,
+            on_evaluation=self.on_search(label) if self.on_search else lambda done, best_s: None,
+        )
+
+    def baseline_plans(
+        self, baselines: dict[str, Baseline], results: dict[str, SimulationResult]
+    ) -> dict[str, tuple[Plan, float]]:
+        """`PlanComparison.baseline_plans`: a baseline that XLA sends as tuples,
+        or runs with blocking collectives, is simulated again as the rewrite
+        would run its plan."""
+        found = {}
+        for name, b in baselines.items():
+            if name == "xla" or not (b.tuple_buckets or b.collectives_block_compute):
+                found[name] = (b.plan, results[name].iteration_s)
+            else:
+                graph = build_task_graph(self.module, b.plan)
+                found[name] = (b.plan, self.simulate(graph).iteration_s)
+        return found

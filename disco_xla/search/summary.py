@@ -1,0 +1,51 @@
+"""What reports print of a `pipeline.PlanComparison`: the figures of
+`disco-xla optimize --json` (`comparison_summary`) and the human table
+(`format_table`)."""
+
+from __future__ import annotations
+
+from disco_xla.search.pipeline import ROWS, PlanComparison
+
+
+def comparison_summary(comparison: PlanComparison) -> dict:
+    """The figures `disco-xla optimize --json` prints (without file paths)."""
+    results = comparison.results
+    found = results["found"]
+    xla_s = results["xla"].iteration_s
+    return {
+        "plan_s": found.iteration_s,
+        "baselines": {name: results[name].iteration_s for name in ROWS if name != "found"},
+        "ideal_s": found.ideal_s,
+        "speedup_vs_xla": xla_s / found.iteration_s,
+        "t_over_ideal": found.t_over_ideal,
+        "exposed_comm_s": found.exposed_comm_s,
+        "buckets": found.buckets,
+        "kernels": found.kernels,
+        "evaluations": comparison.found.evaluations,
+        "search_s": comparison.found.search_s,
+        "rows": {
+            name: {
+                "iteration_s": r.iteration_s,
+                "speedup_vs_xla": xla_s / r.iteration_s,
+                "t_over_ideal": r.t_over_ideal,
+                "exposed_comm_s": r.exposed_comm_s,
+                "buckets": r.buckets,
+                "kernels": r.kernels,
+            }
+            for name, r in results.items()
+        },
+    }
+
+
+def format_table(comparison: PlanComparison) -> str:
+    """The human table: every baseline, the ablations and the found plan."""
+    results = comparison.results
+    xla_s = results["xla"].iteration_s
+    header = ("plan", "iteration ms", "vs xla", "T/T_ideal", "exposed ms", "buckets", "kernels")
+    lines = ["{:<16}{:>14}{:>9}{:>11}{:>12}{:>9}{:>9}".format(*header)]
+    for name, r in results.items():
+        lines.append(
+            f"{name:<16}{r.iteration_s * 1e3:>14.3f}{xla_s / r.iteration_s:>8.2f}x"
+            f"{r.t_over_ideal:>11.2f}{r.exposed_comm_s * 1e3:>12.3f}{r.buckets:>9}{r.kernels:>9}"
+        )
+    return "\n".join(lines)
