@@ -80,6 +80,7 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=8)
     args = parser.parse_args()
     zoo_cache.use_devices(args.replicas)
+    from disco_xla.search.fusion_source import compiled_fusion
     from disco_xla.search.pipeline import ROWS, Pricing, plan_module
     from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.cost_models import RooflineCostModel
@@ -117,7 +118,8 @@ def main() -> int:
                 seed=args.seed,
             )
             prices = Pricing(profile, RooflineCostModel(profile))  # the cluster's full size
-            comparison = plan_module(module, settings, prices, compiled, ablations=True)
+            fusion = compiled_fusion(module, compiled)
+            comparison = plan_module(module, settings, prices, fusion, ablations=True)
             total_s = time.perf_counter() - started
             results = comparison.results
             found = results["found"]

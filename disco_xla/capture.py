@@ -8,6 +8,9 @@ from typing import Any
 
 from disco_xla.hlo.graph import HloModule
 
+# JAX (and `runtime.xla_runner`, which imports it) and TensorFlow are imported inside
+# the functions that use them: `import disco_xla` imports this module and loads neither.
+
 
 def capture_jax(fn: Callable, *args: Any, **kwargs: Any) -> HloModule:
     """The HLO module of `fn` for these arguments, before XLA optimises it.

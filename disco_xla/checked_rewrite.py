@@ -10,30 +10,37 @@ from dataclasses import dataclass
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
-from disco_xla.runtime.apply import NO_COMBINER, RewriteError, apply_plan, time_candidates
-from disco_xla.runtime.xla_runner import compile_module, devices_needed
-from disco_xla.search.xla_fusion import xla_fusion_plan
+from disco_xla.runtime.apply import (
+    RewriteError,
+    apply_plan,
+    compile_separately,
+    time_candidates,
+)
+from disco_xla.runtime.xla_runner import devices_needed
+from disco_xla.search.fusion_source import XlaFusion, xla_fusion_of
 
-# XLA's own groups of the modules seen last, by fingerprint: every candidate of
+# XLA's own fusion of the modules seen last, by fingerprint: every candidate of
 # one module is rewritten against the same compile.
-_OWN_GROUPS: dict[str, tuple[tuple[str, ...], ...] | None] = {}
-_OWN_GROUPS_KEPT = 8
+_OWN_FUSION: dict[str, XlaFusion] = {}
+_OWN_FUSION_KEPT = 8
 
 
-def xla_own_groups(module: HloModule) -> tuple[tuple[str, ...], ...] | None:
-    """The fusion groups XLA forms by itself on `module` (its compiled kernels
-    mapped back onto it; combiner off, as every baseline), or None when the
-    module does not compile here."""
-    if module.fingerprint in _OWN_GROUPS:
-        return _OWN_GROUPS[module.fingerprint]
-    try:
-        groups = xla_fusion_plan(module, compile_module(module, NO_COMBINER)).fusion_groups
-    except Exception:  # noqa: BLE001 - then every departing group is outlined
-        groups = None
-    if len(_OWN_GROUPS) >= _OWN_GROUPS_KEPT:
-        _OWN_GROUPS.pop(next(iter(_OWN_GROUPS)))
-    _OWN_GROUPS[module.fingerprint] = groups
-    return groups
+def xla_own_fusion(module: HloModule) -> XlaFusion:
+    """The fusion XLA forms by itself on `module` (its kernels compiled here and
+    mapped back onto it, combiner off, as every baseline), modelled when the
+    module does not compile here (`fusion_source.xla_fusion_of`)."""
+    found = _OWN_FUSION.get(module.fingerprint)
+    if found is None:
+        found = xla_fusion_of(module, compile_separately)
+        if len(_OWN_FUSION) >= _OWN_FUSION_KEPT:
+            _OWN_FUSION.pop(next(iter(_OWN_FUSION)))
+        _OWN_FUSION[module.fingerprint] = found
+    return found
+
+
+def xla_own_groups(module: HloModule) -> tuple[tuple[str, ...], ...]:
+    """The groups of `xla_own_fusion`."""
+    return xla_own_fusion(module).groups
 
 
 def rewrite(
@@ -47,7 +54,6 @@ def rewrite(
     verified to compile to its buckets unless `check=False` (then the caller
     compiles it and calls `runtime.apply.check_all_reduces`). Only the groups
     that depart from XLA's own fusion get a boundary."""
-
     source = source or f"<plan for {module.name}>"
     left_to_xla = xla_own_groups(module) if fusion else None
     return apply_plan(
@@ -115,7 +121,11 @@ def checked_rewrite(
     when the module cannot be checked here, or the plan does not fit it."""
     kinds = ("buckets",) if buckets_only else ("plan", "buckets")
     if not check:
-        return _unchecked_rewrite(module, plan, kinds[0], source)
+        return _unchecked_rewrite(module, plan, kinds[0], source, "not checked (--no-check)")
+    own = xla_own_fusion(module)
+    if own.source == "model":  # XLA cannot compile the module here: nothing to run
+        why = f"not measured: the module does not run here; {own.note}"
+        return _unchecked_rewrite(module, plan, kinds[0], source, why)
     devices = _devices_to_check(module)
     wanted = {kind: (plan, kind == "plan") for kind in kinds}
     for label, other in (alternatives or {}).items():
@@ -167,14 +177,35 @@ def _timed(module: HloModule, candidates: dict, devices: int, rounds: int, budge
         ) from None
 
 
-def _unchecked_rewrite(module: HloModule, plan: Plan, kind: str, source: str) -> CheckedRewrite:
-    """The plan (or its buckets alone, `kind`) written without running it."""
-
+def _unchecked_rewrite(
+    module: HloModule, plan: Plan, kind: str, source: str, why: str
+) -> CheckedRewrite:
+    """The plan (or its buckets alone, `kind`) written without running it. A
+    module XLA cannot compile here is still checked as far as XLA goes here:
+    its parser and verifier must accept the rewritten module (`_accepted_by_xla`)."""
+    compiles_here = xla_own_fusion(module).source != "model"
     try:
-        written = rewrite(module, plan, fusion=kind == "plan", source=source)
+        written = rewrite(module, plan, fusion=kind == "plan", check=compiles_here, source=source)
+        if not compiles_here:
+            _accepted_by_xla(module, written)
     except RewriteError as error:
         raise DiscoInputError(source, str(error)) from None
-    return CheckedRewrite(written, kind, "not checked (--no-check)", None, None, None, {}, plan)
+    return CheckedRewrite(written, kind, why, None, None, None, {}, plan)
+
+
+def _accepted_by_xla(original: HloModule, written: HloModule) -> None:
+    """Raise RewriteError unless XLA accepts `written` as far as this host
+    goes: its compile may fail only where the original's does, at a custom
+    call this host has no handler for (XLA looks for one after its parser and
+    verifier have passed the module)."""
+    try:
+        compile_separately(written)
+    except Exception as error:  # noqa: BLE001 - XLA's errors, read below
+        message = str(error)
+        targets = {i.proto.custom_call_target for i in original.instructions()}
+        if not any(target and target in message for target in targets):
+            first = " ".join(message.split())[:300]
+            raise RewriteError(f"XLA refuses the rewritten module: {first}") from None
 
 
 def _add_results(report: dict[str, dict], results: dict, simulated_s: dict[str, float]) -> None:
@@ -198,7 +229,6 @@ def _distinct_rewrites(
     those that make the same program as one before them; and the report's
     entries of those that failed ({'error'}) or were left out ({'same_as'};
     not for the plan's own `kinds`, which the report describes otherwise)."""
-
     candidates: dict[str, HloModule] = {}
     report: dict[str, dict] = {}
     for label, (each, fusion) in wanted.items():

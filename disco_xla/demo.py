@@ -46,8 +46,39 @@ program differs from XLA's in its all-reduces alone.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import disco_xla
+from disco_xla import capture_jax, load_module, save_module
+from disco_xla.checked_rewrite import checked_rewrite, xla_own_groups
+from disco_xla.hlo.summary import format_summary, summarize
+from disco_xla.plan import departing_groups
+from disco_xla.planning import prepared
+from disco_xla.report import write_report
+from disco_xla.runtime.agreement import gather
+from disco_xla.runtime.apply import NO_COMBINER, compare_outputs
+from disco_xla.runtime.launch import launch
+from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.search.baselines import with_buckets
+from disco_xla.search.fusion_source import compiled_fusion
+from disco_xla.search.pipeline import Pricing, plan_module
+from disco_xla.search.summary import format_table
+from disco_xla.settings import OptimizeSettings
+from disco_xla.simulator.cost_models import RooflineCostModel
+from disco_xla.simulator.events import simulate
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import load_profile
+from disco_xla.timing import median_seconds
 
 DEVICES = 4
 OUTPUT_DIR = os.path.join("build", "demo")
@@ -61,10 +92,6 @@ TIME_HEADER = f"   {'program':<36}{'simulated ms':>13}{'measured ms':>14}"
 def _mlp_training(mean_over_devices):
     """(optimizer, train_step) of the demo's MLP regression: SGD with momentum,
     `mean_over_devices` applied to each gradient and to the loss."""
-    import jax
-    import jax.numpy as jnp
-    import optax
-
     optimizer = optax.sgd(learning_rate=0.01, momentum=0.9)
 
     def loss_fn(params, batch):
@@ -84,9 +111,6 @@ def _mlp_training(mean_over_devices):
 
 def build_step():
     """A data-parallel training step and its arguments, stacked for pmap."""
-    import jax
-    import jax.numpy as jnp
-
     optimizer, train_step = _mlp_training(lambda x: jax.lax.pmean(x, "data"))
 
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -111,11 +135,8 @@ def build_step():
 
 
 def main() -> int:
-    import jax
-
+    # Before anything starts JAX's CPU backend (build_step, below, does).
     jax.config.update("jax_num_cpu_devices", DEVICES)
-    from disco_xla import capture_jax, load_module, save_module
-    from disco_xla.hlo.summary import format_summary, summarize
 
     step, args, parameter_tensors = build_step()
     print(f"1. capturing a pmap'd MLP training step on {DEVICES} CPU devices ...")
@@ -138,13 +159,6 @@ def main() -> int:
 def _optimize_apply_measure(module, step, args) -> int:
     """Steps 2 to 5, all measured in this process and priced with
     IN_PROCESS_PROFILE; then step 6. Returns the demo's exit code."""
-    import dataclasses
-
-    from disco_xla.planning import prepared
-    from disco_xla.report import write_report
-    from disco_xla.settings import OptimizeSettings
-    from disco_xla.simulator.profiles import load_profile
-
     settings = OptimizeSettings(cluster=IN_PROCESS_PROFILE, max_evaluations=300, seed=0)
     module = prepared(module)
     profile = load_profile(settings.cluster, module.worker_count())
@@ -176,12 +190,6 @@ def _time_row(label: str, simulated_s: float | None, measured_s: float, note: st
 
 def _search(module, profile, settings):
     """Step 2: the search and every baseline, simulated; (comparison, plan path)."""
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
-    from disco_xla.search.pipeline import Pricing, plan_module
-    from disco_xla.search.summary import format_table
-    from disco_xla.simulator.cost_models import RooflineCostModel
-
     print(
         f"\n2. searching with the {settings.cluster} profile ({settings.max_evaluations} plans;"
         f" calibrated in one process\n   on {DEVICES} CPU devices, where steps 3 and 4 measure) ..."
@@ -190,7 +198,7 @@ def _search(module, profile, settings):
         module,
         settings,
         Pricing(profile, RooflineCostModel(profile)),  # calibrated here, in one process
-        compile_module(module, NO_COMBINER),
+        compiled_fusion(module, compile_module(module, NO_COMBINER)),
         ablations=True,
     )
     print(format_table(comparison))
@@ -204,11 +212,6 @@ def _search(module, profile, settings):
 def _buckets_alone_s(module, profile, comparison) -> float:
     """The simulated step time of the found plan's buckets over XLA's own fusion
     (the program `checked_rewrite` labels 'buckets')."""
-    from disco_xla.search.baselines import with_buckets
-    from disco_xla.simulator.cost_models import RooflineCostModel
-    from disco_xla.simulator.events import simulate
-    from disco_xla.simulator.kernels import build_task_graph
-
     own = comparison.baselines["xla-nocombine"].plan
     buckets = comparison.found.plan.all_reduce_buckets
     graph = build_task_graph(module, with_buckets(own, buckets))
@@ -219,10 +222,6 @@ def _apply(module, profile, comparison, plan_path: str):
     """Step 3: the plan applied as `disco-xla optimize -o` applies it, each
     program's simulated time beside its measured one; the
     `checked_rewrite.checked_rewrite` result."""
-    from disco_xla.checked_rewrite import checked_rewrite, xla_own_groups
-    from disco_xla.hlo.hlo_io import save_module
-    from disco_xla.plan import departing_groups
-
     print("\n3. applying the plan, checked against XLA's own program on random inputs ...")
     plan, results = comparison.found.plan, comparison.results
     simulated = {
@@ -258,8 +257,6 @@ def _pmap_against_jit(settings, step, args) -> tuple[str, dict, dict]:
 
     No plan cache: a cache would price the second signature with the collective
     costs it learned from the first call's (noisy) timings, not with the profile."""
-    import disco_xla
-
     print("\n4. the real step: jax.pmap against disco_xla.jit, simulated and measured ...")
     optimized = disco_xla.jit(
         step,
@@ -283,10 +280,6 @@ def _paired_medians(step, optimized, arguments) -> dict[str, float]:
     paired rounds whose order rotates (the machine is noisy), each round the
     median of 5 runs. Every rank of a distributed step runs the same rounds in
     the same order."""
-    import jax
-    import numpy as np
-
-    from disco_xla.timing import median_seconds
 
     def run(function):
         return lambda: jax.block_until_ready(function(*arguments))
@@ -351,10 +344,6 @@ _RANK_SCRIPT = "import sys\nfrom disco_xla.demo import rank_main\nsys.exit(rank_
 
 def _on_processes() -> int:
     """Step 6: launch the ranks; returns the launcher's exit code."""
-    import tempfile
-
-    from disco_xla.runtime.launch import launch
-
     print(
         f"\n6. jax.jit over sharded arrays on {PROCESSES} jax.distributed processes "
         f"(gloo on loopback, one CPU device each),\n   searched and priced with the "
@@ -372,11 +361,6 @@ def build_sharded_step():
     """The MLP step of `build_step` over the whole batch, jitted over arrays
     sharded on a mesh of every process's devices, and its global arguments
     (each process holds its own rows of the batch)."""
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
     # The whole batch's step: XLA's partitioner writes the gradient all-reduces.
     optimizer, train_step = _mlp_training(lambda x: x)
     mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -410,13 +394,6 @@ def build_sharded_step():
 
 def rank_main() -> int:
     """One rank of step 6 (run under `runtime.launch`)."""
-    import jax
-    import numpy as np
-
-    import disco_xla
-    from disco_xla.runtime.agreement import gather
-    from disco_xla.runtime.apply import compare_outputs
-
     rank = jax.process_index()
 
     def say(text: str) -> None:

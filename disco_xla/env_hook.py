@@ -23,12 +23,18 @@ disco-xla.
 from __future__ import annotations
 
 import atexit
+import functools
+import json
 import os
 import shlex
 import sys
 from dataclasses import dataclass, fields
 
 from disco_xla.settings import DEFAULTS, OptimizeSettings
+
+# `import disco_xla` imports this module (so does the `.pth` hook, at interpreter start,
+# when DISCO_XLA_FLAGS is set): absl, JAX and `jax_api` are imported inside the
+# functions that need them, only once the flags are read or the hook is enabled.
 
 ENVIRONMENT_VARIABLE = "DISCO_XLA_FLAGS"
 EXIT_BAD_INPUT = 2
@@ -175,8 +181,6 @@ def install() -> HookFlags | None:
 
 
 def _replace_jax_transforms(hook_flags: HookFlags) -> None:
-    import functools
-
     import jax
 
     from disco_xla.jax_api import wrap
@@ -211,8 +215,6 @@ def _replace_jax_transforms(hook_flags: HookFlags) -> None:
 def _write_report(path: str, wrapped: list) -> None:
     """Write what each wrapped step that was called ran: its name, `status()`,
     `measurements()` and plans, as JSON."""
-    import json
-
     import jax
 
     if not wrapped:  # nothing was optimised here (the launcher of a multi-process job)

@@ -32,8 +32,10 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import api, pmap  # JAX's own jit and pmap (the env hook replaces jax.jit)
 from jax._src.array import ArrayImpl
 
+from disco_xla.capture import lowered_module
 from disco_xla.jax_background import BackgroundTrial
 from disco_xla.jax_trial import (
     CallArguments,
@@ -47,7 +49,9 @@ from disco_xla.jax_trial import (
     shared_choice,
     waiting_s,
 )
+from disco_xla.planning import has_cross_device_all_reduces, prepared
 from disco_xla.runtime.agreement import process_count
+from disco_xla.runtime.jax_program import kept_arguments
 from disco_xla.settings import DEFAULTS, OptimizeSettings
 from disco_xla.trial import is_fallback
 from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep, one_line
@@ -198,9 +202,6 @@ class OptimizedFunction(WrappedStep):
         failure before the original has run returns the original's result with
         one warning; the trial itself (`_optimize`) never reads an argument the
         original has consumed."""
-        from disco_xla.capture import lowered_module
-        from disco_xla.planning import has_cross_device_all_reduces, prepared
-
         try:
             lowered = self._original.lower(*call.args, **call.kwargs)
             # A jit with sharded arguments: after SPMD partitioning, where its
@@ -233,8 +234,6 @@ class OptimizedFunction(WrappedStep):
         (`JaxTrial`): every rank builds the candidate programs, keeps those all
         ranks agree compute the same as the original, and of those runs the
         fastest, timed beside the original; else the original."""
-        from disco_xla.runtime.jax_program import kept_arguments
-
         step, settings = next(_prepared_steps), self._settings
         wait_s = waiting_s(settings)
         agree_on_module(self.__name__, module, step, wait_s)
@@ -384,8 +383,6 @@ def wrap(
 ) -> OptimizedFunction:
     """`fn` under `transform` ('jit' or 'pmap', JAX's own, with `kwargs`) unless it
     is transformed already, as an OptimizedFunction."""
-    from jax._src import api, pmap
-
     if hasattr(fn, "lower"):
         if kwargs:
             raise TypeError("a function that is already transformed takes no jit arguments")

@@ -23,7 +23,9 @@ not timed again: it runs from the call after the trial.
 from __future__ import annotations
 
 import atexit
+import os
 import statistics
+import sys
 import threading
 import time
 import weakref
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from disco_xla.capture import lowered_module
 from disco_xla.jax_trial import (
     CallArguments,
     JaxSignatureRecord,
@@ -41,7 +44,9 @@ from disco_xla.jax_trial import (
     shared_choice,
     waiting_s,
 )
+from disco_xla.planning import has_cross_device_all_reduces, prepared
 from disco_xla.runtime.agreement import gather, process_count
+from disco_xla.runtime.jax_program import kept_arguments
 from disco_xla.trial import TIMING_ROUNDS, is_fallback
 from disco_xla.wrapped_step import one_line
 
@@ -104,10 +109,6 @@ class BackgroundTrial:
             _yield_to_the_loop(False)
 
     def _capture_and_build(self) -> None:
-        from disco_xla.capture import lowered_module
-        from disco_xla.planning import has_cross_device_all_reduces, prepared
-        from disco_xla.runtime.jax_program import kept_arguments
-
         function, lowered = self.function, self.lowered
         try:
             module = lowered_module(lowered, f"<jax:{function.__name__}>")
@@ -277,9 +278,6 @@ def _yield_to_the_loop(starting: bool) -> None:
     the interpreter hands its lock over every _BUSY_SWITCH_INTERVAL_S, and the
     thread itself runs at the lowest CPU priority (Linux schedules threads
     apart; their compiler threads inherit it)."""
-    import os
-    import sys
-
     if starting:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

@@ -17,8 +17,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from disco_xla.plan_cache import PlanCache
+from disco_xla.checked_rewrite import rewrite
+from disco_xla.plan_cache import CandidateRecord, PlanCache
+from disco_xla.planning import PlanChoice, find_plan
 from disco_xla.runtime.agreement import AgreementError, broadcast, gather
+from disco_xla.runtime.apply import (
+    NO_COMBINER,
+    check_all_reduces,
+    compare_outputs,
+    compile_separately,
+    differing_outputs,
+)
+from disco_xla.runtime.jax_program import check_memory, peak_bytes, standing_in_for, with_aliases_of
 from disco_xla.settings import OptimizeSettings
 from disco_xla.trial import SignatureRecord, Trial
 
@@ -56,9 +66,6 @@ def agree_on_module(name: str, module, step: int, wait_s: float) -> None:
 
 def shared_choice(module, settings: OptimizeSettings, step: int, wait_s: float):
     """Rank 0's `PlanChoice` (from its cache or its search), on every rank."""
-    from disco_xla.plan_cache import CandidateRecord
-    from disco_xla.planning import PlanChoice, find_plan
-    from disco_xla.runtime.apply import compile_separately
 
     def found() -> str:
         choice = find_plan(module, settings, compile_separately)
@@ -212,19 +219,9 @@ class JaxTrial(Trial):
         return jax.process_index() == 0
 
     def _rewritten(self, plan, fusion: bool):
-        from disco_xla.checked_rewrite import rewrite
-
         return rewrite(self.module, plan, fusion, check=False)
 
     def _compile(self, label: str, module, plan):
-        from disco_xla.runtime.apply import NO_COMBINER, check_all_reduces
-        from disco_xla.runtime.jax_program import (
-            check_memory,
-            peak_bytes,
-            standing_in_for,
-            with_aliases_of,
-        )
-
         executable = self.executable
         aliased = with_aliases_of(module, executable)
         program = standing_in_for(aliased, self.lowered, executable, NO_COMBINER)
@@ -250,8 +247,6 @@ class JaxTrial(Trial):
         return result, result
 
     def _compare(self, expected, outputs):
-        from disco_xla.runtime.apply import compare_outputs
-
         return compare_outputs(_local(jax.tree_util.tree_leaves(expected)), _local(list(outputs)))
 
     def _refusal(self, label: str) -> str:
@@ -292,8 +287,6 @@ def _differing_from(original_result: Any, rewritten_outputs: list) -> str:
     path: XLA's HLO-to-StableHLO import rounds some values differently (e.g. the
     softmax's division), which Adam scales up where a gradient is 0 in exact
     arithmetic (benchmarks/jax_compile_equality.py)."""
-    from disco_xla.runtime.apply import differing_outputs
-
     paths = [
         jax.tree_util.keystr(path)
         for path, _ in jax.tree_util.tree_flatten_with_path(original_result)[0]

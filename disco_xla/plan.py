@@ -15,6 +15,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.custom_calls import is_library_call
 from disco_xla.hlo.graph import (
     COLLECTIVE_DONE_OPCODES,
     COLLECTIVE_OPCODES,
@@ -54,6 +55,21 @@ NOT_FUSIBLE_OPCODES = frozenset(
 )
 # Ops that become a library call or a large loop nest; one per kernel by default.
 EXPENSIVE_OPCODES = frozenset({"dot", "convolution"})
+
+
+def is_compute(instr: Instruction) -> bool:
+    """Whether a plan places `instr` in a fusion group: a compute instruction, or
+    a library call (a custom call that computes, alone in its group)."""
+    return instr.opcode not in NOT_FUSIBLE_OPCODES or is_library_call(instr)
+
+
+def fusion_weight(instr: Instruction) -> int:
+    """How much of a kernel's one library op `instr` takes, where a kernel of
+    several instructions holds at most 1: a dot or convolution 1, a library
+    call 2 (it is a kernel by itself, and nothing joins it), anything else 0."""
+    if instr.opcode in EXPENSIVE_OPCODES:
+        return 1
+    return 2 if instr.opcode == "custom-call" and is_library_call(instr) else 0
 
 
 @dataclass(frozen=True)
@@ -112,7 +128,7 @@ def compute_instructions(module: HloModule) -> list[Instruction]:
         for computation in module.computations
         if computation.role in ("entry", "program")
         for instr in computation.topological_order
-        if instr.opcode not in NOT_FUSIBLE_OPCODES
+        if is_compute(instr)
     ]
 
 
@@ -185,6 +201,13 @@ def _check_groups(plan, module, by_name, max_expensive, source) -> dict[int, int
             members.append(instr)
         if len({id(m.computation) for m in members}) > 1:
             raise DiscoInputError(source, f"fusion group {index} spans several computations")
+        library_calls = [m.name for m in members if fusion_weight(m) > 1]
+        if library_calls and len(members) > 1:
+            raise DiscoInputError(
+                source,
+                f"fusion group {index} joins the library call {library_calls[0]!r} with other "
+                "instructions; a library call is a kernel by itself",
+            )
         expensive = sum(m.opcode in EXPENSIVE_OPCODES for m in members)
         if expensive > max_expensive:
             raise DiscoInputError(
@@ -343,9 +366,9 @@ def needs_boundary(
     """Whether a fusion group of `members` gets a kernel boundary when the plan
     is realised (`hlo_passes.fusion_boundaries`): XLA does not form it by itself
     (it is not in `left_to_xla`, XLA's own groups as sets of names), and it holds
-    no library op (convolution, dot), which stays in the caller."""
+    no library op (convolution, dot, library call), which stays in the caller."""
     return frozenset(m.name for m in members) not in left_to_xla and not any(
-        m.opcode in EXPENSIVE_OPCODES for m in members
+        fusion_weight(m) for m in members
     )
 
 

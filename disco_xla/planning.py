@@ -24,6 +24,7 @@ from disco_xla.plan_cache import (
     times_digest,
 )
 from disco_xla.search.baselines import sends_tuples
+from disco_xla.search.fusion_source import xla_fusion_of
 from disco_xla.search.pipeline import PlanComparison, plan_module, pricing
 from disco_xla.settings import OptimizeSettings
 from disco_xla.simulator.kernels import build_task_graph
@@ -74,8 +75,8 @@ def find_plan(
 
     `compile_separately(module)` is XLA's compile of the module with its
     all-reduce combiner off (`runtime.apply.compile_separately`), called only
-    when the search runs: the search then starts from every baseline too. It
-    may raise; the search then runs from its own starts."""
+    when the search runs: the search then starts from every baseline too. Where
+    it raises, XLA's fusion is modelled (`fusion_source.xla_fusion_of`)."""
     started = time.perf_counter()
     profile = load_profile(settings.cluster)
     cache = PlanCache(settings.cache_dir) if settings.use_cache else None
@@ -93,12 +94,10 @@ def find_plan(
         cached = _cached_plan(cache, key, module, charged)
         if cached is not None:
             return PlanChoice(cached[0], True, time.perf_counter() - started, cached[1], key)
-    try:  # XLA's own fusion: the search then starts from every baseline too
-        compiled = compile_separately(module) if compile_separately else None
-    except Exception:  # noqa: BLE001 - the search still runs, from its other starts
-        compiled = None
+    # XLA's own fusion: the search then starts from every baseline too.
+    fusion = xla_fusion_of(module, compile_separately) if compile_separately else None
     prices = pricing(module, settings, measured_s=measured_s, learned=learned)
-    comparison = plan_module(module, settings, prices, compiled, keep=settings.candidates)
+    comparison = plan_module(module, settings, prices, fusion, keep=settings.candidates)
     record = _candidate_record(module, settings, comparison, priced, charged)
     if cache is not None:
         cache.put(key, comparison.found.plan)
@@ -165,14 +164,12 @@ def _moved_far(before_s: float, now_s: float) -> bool:
 def _message_counts(module: HloModule, plans: dict[str, Plan]) -> dict[str, tuple[int, int]]:
     """What each plan's program runs per step: (collectives, tuple tensors)
     (`message_counts`)."""
-
     return {label: message_counts(build_task_graph(module, p)) for label, p in plans.items()}
 
 
 def _original_message_counts(module: HloModule, xla_plan: Plan, profile) -> tuple[int, int]:
     """What XLA's own program (its fusion, its combined all-reduces: the
     `xla` baseline's plan) runs per step."""
-
     return message_counts(build_task_graph(module, xla_plan, sends_tuples("xla", profile)))
 
 
@@ -181,7 +178,6 @@ def learned_collective_costs(cache: PlanCache, profile, module: HloModule) -> Co
     machine (`profile`) with `module`'s device count, fitted to the step times
     that first calls measured here (`step_time_fit.fit_collective_costs`);
     None for a cost they cannot tell (the profile's own then holds)."""
-
     return fit_collective_costs(cache.step_times(machine_key(profile), module.worker_count()))
 
 
@@ -189,7 +185,6 @@ def learn_kernel_times(settings: OptimizeSettings, times_s: dict[str, float]) ->
     """Store kernel times measured on this machine (structural hash -> seconds)
     in the plan cache under `settings.cluster`'s profile, for every later
     search there (`find_plan`). False when there is no cache to store them in."""
-
     if not settings.use_cache or not times_s:
         return False
     profile = load_profile(settings.cluster)
@@ -204,7 +199,6 @@ def remember_measurement(
     the next first call on this machine runs that candidate without timing the
     others again. The step times also go to the machine's table that later
     searches learn the cost of a collective from (`learned_collective_costs`)."""
-
     if not settings.use_cache or not choice.cache_key:
         return
     record = replace(choice.candidates, chosen=chosen, measured_s=dict(measured_s))

@@ -35,6 +35,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from disco_xla.hlo.graph import HloModule
 from disco_xla.settings import DEFAULTS, OptimizeSettings
 from disco_xla.tf_trial import (
     TfTrial,
@@ -46,6 +47,8 @@ from disco_xla.tf_trial import (
 )
 from disco_xla.trial import SignatureRecord, is_fallback
 from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep, one_line
+
+# TensorFlow is optional (the `tf` extra): imported inside the functions that use it.
 
 __all__ = ["DiscoFallbackWarning", "TfFunction", "tf_function"]
 
@@ -143,8 +146,6 @@ class TfFunction(WrappedStep):
     def _capture(self, args, kwargs):
         """The step's module for these arguments. Defaults are bound first:
         `experimental_get_compiler_ir` does not apply them itself (TF 2.21)."""
-        from disco_xla.hlo.graph import HloModule
-
         bound = bound_arguments(self._original, args, kwargs)
         data = self._original.experimental_get_compiler_ir(*bound.args, **bound.kwargs)(
             stage="hlo_serialized"

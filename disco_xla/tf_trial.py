@@ -38,7 +38,19 @@ import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from disco_xla.checked_rewrite import rewrite
+from disco_xla.planning import find_plan, has_cross_device_all_reduces
+from disco_xla.runtime.apply import compare_outputs, compile_separately
+from disco_xla.runtime.tensorflow import (
+    CallModuleProgram,
+    entry_parameter_shapes,
+    entry_result_shapes,
+    resource_updates,
+    tf_dtype,
+)
 from disco_xla.trial import Trial
+
+# TensorFlow is optional (the `tf` extra): imported inside the functions that use it.
 
 if TYPE_CHECKING:
     from disco_xla.tf_api import TfFunction
@@ -84,9 +96,6 @@ class TfTrial(Trial):
         args: tuple,
         kwargs: dict,
     ):
-        from disco_xla.planning import find_plan
-        from disco_xla.runtime.apply import compile_separately
-
         choice = find_plan(module, function._settings, compile_separately)
         super().__init__(module, choice, function._settings)
         self.function, self.layout, self.concrete_function = function, layout, concrete_function
@@ -97,16 +106,11 @@ class TfTrial(Trial):
         self.values = _parameter_values(layout, self.flat_arguments, concrete_function)
 
     def _rewritten(self, plan, fusion: bool):
-        from disco_xla.checked_rewrite import rewrite
-        from disco_xla.planning import has_cross_device_all_reduces
-
         # A step on one device has no all-reduces for JAX's compile to check;
         # the comparison in TF checks the rewritten program itself.
         return rewrite(self.module, plan, fusion, check=has_cross_device_all_reduces(self.module))
 
     def _compile(self, label: str, module, plan):
-        from disco_xla.runtime.tensorflow import CallModuleProgram, entry_parameter_shapes
-
         program = CallModuleProgram(module)
         original_parameters = [str(s) for s in entry_parameter_shapes(self.module)]
         if [str(s) for s in program.parameter_shapes] != original_parameters:
@@ -124,8 +128,6 @@ class TfTrial(Trial):
         return result, expected
 
     def _compare(self, expected, outputs):
-        from disco_xla.runtime.apply import compare_outputs
-
         return compare_outputs(expected, outputs)
 
     def _timed_calls(self, labels: list[str]):
@@ -151,13 +153,6 @@ def step_layout(module, concrete_function, flat_arguments) -> StepLayout:
     """Pair the module's entry parameters and results with `concrete_function`'s
     inputs and outputs (see the module docstring); raises MappingError when they
     do not line up."""
-    from disco_xla.runtime.tensorflow import (
-        entry_parameter_shapes,
-        entry_result_shapes,
-        resource_updates,
-        tf_dtype,
-    )
-
     parameters = entry_parameter_shapes(module)
     inputs = list(concrete_function.inputs)
     captured = list(concrete_function.captured_inputs)

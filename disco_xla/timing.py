@@ -6,12 +6,17 @@ and holding the CPUs awake."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import statistics
 import struct
+import tempfile
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+
+import jax
+from jax._src.lib import _profile_data
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
@@ -73,12 +78,6 @@ def traced_events(
     plane `/host:CPU` has one event per thunk, with the stats `hlo_op`, `run_id`
     and `device_ordinal`. Each event's stats also hold `start_ns`, its start in
     nanoseconds from the trace's start, and `line` the name of its line."""
-    import glob
-    import tempfile
-
-    import jax
-    from jax._src.lib import _profile_data
-
     found: list[tuple[str, dict, float]] = []
     with tempfile.TemporaryDirectory() as directory:
         options = jax.profiler.ProfileOptions()

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from disco_xla.planning import remember_measurement
 from disco_xla.settings import OptimizeSettings
 from disco_xla.timing import rotating_median_seconds
 from disco_xla.wrapped_step import one_line
@@ -387,8 +388,6 @@ class Trial:
         """Fill `record` for running `chosen` (a candidate that agreed, or
         'original' when every one was slower), and store a measured choice in
         the plan cache."""
-        from disco_xla.planning import remember_measurement
-
         if self.measured_s and self._records_choices():
             remember_measurement(self.choice, self.settings, chosen, self.measured_s)
         timed = chosen

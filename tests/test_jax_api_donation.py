@@ -105,11 +105,12 @@ def _fails(*_args, **_kwargs):
     raise RuntimeError("injected failure")
 
 
-# Where a failure is injected (module, attribute), and the words of the warning.
+# Where a failure is injected (the module that calls it, attribute), and the
+# words of the warning.
 FAILURES = {
-    "capture": ("disco_xla.capture", "lowered_module", "could not capture the step"),
-    "search": ("disco_xla.planning", "find_plan", "injected failure"),
-    "rewrite": ("disco_xla.planning", "rewrite", "injected failure"),
+    "capture": ("disco_xla.jax_api", "lowered_module", "could not capture the step"),
+    "search": ("disco_xla.jax_trial", "find_plan", "injected failure"),
+    "rewrite": ("disco_xla.jax_trial", "rewrite", "injected failure"),
     # After the original has run on (and consumed) the user's arguments:
     "timing": ("disco_xla.trial", "rotating_median_seconds", "injected failure"),
 }
@@ -201,7 +202,7 @@ def test_in_the_background_the_original_runs_until_every_program_is_built_and_ju
 def test_a_failure_in_the_background_runs_the_original_with_one_warning(
     mesh, plain, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("disco_xla.planning.find_plan", _fails)
+    monkeypatch.setattr("disco_xla.jax_trial.find_plan", _fails)
     optimized = disco_xla.jit(
         _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10, background=True
     )

@@ -333,16 +333,16 @@ class _RewriteSpy:
     """Counts the rewrites (one per candidate program built)."""
 
     def __init__(self, monkeypatch):
-        import disco_xla.checked_rewrite
+        import disco_xla.tf_trial
 
         self.calls = 0
-        real = disco_xla.checked_rewrite.rewrite
+        real = disco_xla.tf_trial.rewrite
 
         def counting(*args, **kwargs):
             self.calls += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(disco_xla.checked_rewrite, "rewrite", counting)
+        monkeypatch.setattr(disco_xla.tf_trial, "rewrite", counting)
 
 
 def _beside_plain(optimized, plain, args, calls: int = 2) -> list[str]:
@@ -418,11 +418,11 @@ def test_a_recorded_candidate_is_the_only_one_built_and_still_checked(
     _beside_plain(tf_function(step, **settings), plain, args, calls=1)  # fills the cache
     _record_choice(str(tmp_path), "buckets", {"original": 2e-3, "buckets": 1e-3})
     if not agrees:
-        import disco_xla.runtime.apply
+        import disco_xla.tf_trial
 
-        real = disco_xla.runtime.apply.compare_outputs
+        real = disco_xla.tf_trial.compare_outputs
         monkeypatch.setattr(
-            disco_xla.runtime.apply,
+            disco_xla.tf_trial,
             "compare_outputs",
             lambda *a, **k: dataclasses.replace(real(*a, **k), equal=False, max_rel_diff=0.5),
         )

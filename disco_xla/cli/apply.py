@@ -7,8 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from disco_xla.checked_rewrite import checked_rewrite
 from disco_xla.cli.shared import load_for_planning, load_plan, use_devices
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.hlo_io import save_module
+from disco_xla.planning import measured_alternatives
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
@@ -60,10 +63,6 @@ def write_checked(
     (unless `save` is False: then only its measurements are wanted). With the
     search's `comparison`, its next best plans and the best baseline are
     measured beside the plan (--candidates)."""
-    from disco_xla.checked_rewrite import checked_rewrite
-    from disco_xla.hlo.hlo_io import save_module
-    from disco_xla.planning import measured_alternatives
-
     if args.rounds < 1:
         raise DiscoInputError(args.file, "--rounds must be at least 1")
     alternatives, simulated = {}, {}

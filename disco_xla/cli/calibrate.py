@@ -10,24 +10,31 @@ import json
 import sys
 from itertools import takewhile
 
+import jax
+import yaml
+from tqdm import tqdm
+
 from disco_xla.cli.shared import add_keep_cpus_awake, cpus_awake_if_asked
 from disco_xla.errors import DiscoInputError
+from disco_xla.profiling import calibrate, calibrate_processes
+from disco_xla.profiling.boundary_cost import measure_fusion_boundary_s
+from disco_xla.simulator.profiles import SECTION_KEYS, profile_data, profile_from_dict
 
 PROFILE_HEADER = "# Written by `disco-xla calibrate`: every figure was measured on this machine.\n"
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
-    calibrate = commands.add_parser(
+    parser = commands.add_parser(
         "calibrate", parents=[common], help="measure all-reduce times and fit alpha and B"
     )
-    where = calibrate.add_mutually_exclusive_group()
+    where = parser.add_mutually_exclusive_group()
     where.add_argument("--devices", type=int, default=2, help="CPU devices in this process")
     where.add_argument("--processes", type=int, help="jax.distributed processes on loopback")
-    calibrate.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message")
-    calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per size")
-    calibrate.add_argument("--json", action="store_true", help="print one JSON object")
-    add_keep_cpus_awake(calibrate)
-    written = calibrate.add_mutually_exclusive_group()
+    parser.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per size")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_keep_cpus_awake(parser)
+    written = parser.add_mutually_exclusive_group()
     written.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
     written.add_argument(
         "--add-to",
@@ -35,18 +42,15 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         help="add the figures to this profile (a YAML path) as its section for this worker "
         "count (other_worker_counts), instead of writing a profile",
     )
-    calibrate.set_defaults(run=run)
+    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     workers = _checked_workers(args)
     if args.add_to:
         _check_add_to(args, workers)
-    import jax
-
+    # The CPU device count, before anything starts JAX's backend.
     jax.config.update("jax_num_cpu_devices", max(workers, 1) if not args.processes else 1)
-    from disco_xla.profiling import calibrate
-
     runtime, collective_steps, tuple_share, step, flops, bandwidth = _measure(args, workers)
     tuple_element_s = calibrate.tuple_element_seconds(tuple_share, step)
     # The points become what each collective adds to a step (`in_step_points`).
@@ -68,9 +72,6 @@ def run(args: argparse.Namespace) -> int:
         collectives,
         collective_steps,
     )
-    from disco_xla.profiling.boundary_cost import measure_fusion_boundary_s
-    from disco_xla.simulator.profiles import profile_from_dict
-
     boundary = measure_fusion_boundary_s(profile_from_dict(profile, "calibrate"))
     profile["fusion_boundary_s"] = boundary.fusion_boundary_s
     if args.add_to:
@@ -111,10 +112,6 @@ def _measure(args: argparse.Namespace, workers: int) -> tuple:
     """(runtime, collective steps, a tuple tensor's share of a separate
     all-reduce, step costs, peak f32 FLOP/s, memory bandwidth): every probe of
     `profiling.calibrate`, with a progress bar on a terminal."""
-    from tqdm import tqdm
-
-    from disco_xla.profiling import calibrate, calibrate_processes
-
     sizes = [s for s in calibrate.SIZES_BYTES if s <= args.max_bytes]
     quiet = args.json or not sys.stderr.isatty()
     probes = sum(map(len, calibrate.sizes_by_kind(sizes).values()))
@@ -143,8 +140,6 @@ def _measure(args: argparse.Namespace, workers: int) -> tuple:
 def _check_add_to(args: argparse.Namespace, workers: int) -> None:
     """Before measuring: the profile to add to is readable, one-node, and not
     calibrated at this count as its own."""
-    from disco_xla.simulator.profiles import profile_data
-
     data = profile_data(args.add_to)
     if data["topology"].get("nodes") != 1:
         raise DiscoInputError(args.add_to, "figures by worker count need a one-node profile")
@@ -157,8 +152,6 @@ def _check_add_to(args: argparse.Namespace, workers: int) -> None:
 def _with_section(path: str, measured: dict, workers: int) -> dict:
     """The profile at `path` with `measured` (a whole calibrated profile) as its
     section for `workers` (`profiles.SECTION_KEYS`), replacing any there."""
-    from disco_xla.simulator.profiles import SECTION_KEYS, profile_data, profile_from_dict
-
     data = profile_data(path)
     sections = dict(data.get("other_worker_counts") or {})
     sections[workers] = {key: measured[key] for key in SECTION_KEYS if key in measured}
@@ -178,8 +171,6 @@ def _leading_comments(path: str | None) -> str:
 
 
 def _write_profile(path: str, profile: dict, header: str = PROFILE_HEADER) -> None:
-    import yaml
-
     try:
         with open(path, "w") as file:
             file.write(header)

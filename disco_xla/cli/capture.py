@@ -6,7 +6,12 @@ import argparse
 import json
 import time
 
+import jax
+
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.hlo_io import save_module
+from disco_xla.progress import StageProgress
+from disco_xla.zoo import ZOO, capture_model, zoo_entry
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
@@ -39,20 +44,13 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.zoo import ZOO
-
     if args.list:
         for entry in ZOO:
             print(f"{entry.framework:<4} {entry.name:<18} {entry.description}")
         return 0
     _check_arguments(args)
-    import jax
-
     # The capture runs on this many host CPU devices; no GPU, weights or data needed.
     jax.config.update("jax_num_cpu_devices", args.replicas)
-    from disco_xla.hlo.hlo_io import save_module
-    from disco_xla.progress import StageProgress
-    from disco_xla.zoo import capture_model
 
     start = time.perf_counter()
     with StageProgress(["build", "lower", "write"], quiet=args.json) as progress:
@@ -83,8 +81,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_arguments(args: argparse.Namespace) -> None:
     """A one-line error for a model, framework, batch or precision that cannot be captured."""
-    from disco_xla.zoo import ZOO, zoo_entry
-
     if not args.model or not args.output:
         raise DiscoInputError("capture", "--model and -o/--output are required (or --list)")
     try:
@@ -106,6 +102,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
             args.model, f"the batch {args.batch} must split evenly over {args.replicas} replicas"
         )
     if args.precision != "f32":
+        # The JAX models' module imports haiku and optax (~0.3 s): not at start-up.
         from disco_xla.zoo.jax_steps import BF16_MODELS
 
         if args.framework != "jax" or args.model not in BF16_MODELS:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from disco_xla.hlo.hlo_io import load_module, save_module
+
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
     convert = commands.add_parser(
@@ -18,8 +20,6 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.hlo.hlo_io import load_module, save_module
-
     module = load_module(args.input, args.module)
     save_module(module, args.output)
     print(f"wrote {args.output} ({module.name}, {module.instruction_count} instructions)")

@@ -6,29 +6,28 @@ from __future__ import annotations
 import argparse
 import json
 
+from disco_xla.costmodel.dataset import load_datasets
+from disco_xla.costmodel.network import GnnCostModel
+from disco_xla.costmodel.training import evaluate
 from disco_xla.settings import DEFAULTS
+from disco_xla.simulator.profiles import load_profile
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
-    evaluate = commands.add_parser(
+    parser = commands.add_parser(
         "eval-cost-model", parents=[common], help="GNN and roofline errors on a data set"
     )
-    evaluate.add_argument("datasets", nargs="+", help="data sets from `disco-xla profile`")
-    evaluate.add_argument("--model", required=True, help="model directory")
-    evaluate.add_argument("--only-model", help="evaluate this model's kernels only")
-    evaluate.add_argument(
+    parser.add_argument("datasets", nargs="+", help="data sets from `disco-xla profile`")
+    parser.add_argument("--model", required=True, help="model directory")
+    parser.add_argument("--only-model", help="evaluate this model's kernels only")
+    parser.add_argument(
         "--cluster", default=DEFAULTS.cluster, help="profile of the roofline shown beside the GNN"
     )
-    evaluate.add_argument("--json", action="store_true", help="print one JSON object")
-    evaluate.set_defaults(run=run)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.costmodel.dataset import load_datasets
-    from disco_xla.costmodel.network import GnnCostModel
-    from disco_xla.costmodel.training import evaluate
-    from disco_xla.simulator.profiles import load_profile
-
     model = GnnCostModel.load(args.model)
     dataset = load_datasets(args.datasets)
     report = evaluate(model, dataset, load_profile(args.cluster), args.only_model)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from disco_xla.hlo.hlo_io import load_module
+from disco_xla.hlo.summary import format_summary, summarize
+
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
     inspect = commands.add_parser(
@@ -19,9 +22,6 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.hlo.hlo_io import load_module
-    from disco_xla.hlo.summary import format_summary, summarize
-
     summary = summarize(load_module(args.file, args.module))
     print(json.dumps(summary) if args.json else format_summary(summary))
     return 0

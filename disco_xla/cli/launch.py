@@ -6,30 +6,29 @@ from __future__ import annotations
 import argparse
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.runtime.launch import launch, launch_horovod
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
-    launch = commands.add_parser(
+    parser = commands.add_parser(
         "launch",
         parents=[common],
         help="run a script as N jax.distributed processes on this machine (loopback)",
     )
-    launch.add_argument("-n", "--processes", type=int, required=True, help="processes (ranks)")
-    launch.add_argument("--timeout-s", type=float, help="stop every rank after this long")
-    launch.add_argument(
+    parser.add_argument("-n", "--processes", type=int, required=True, help="processes (ranks)")
+    parser.add_argument("--timeout-s", type=float, help="stop every rank after this long")
+    parser.add_argument(
         "--engine",
         choices=["jax", "horovod"],
         default="jax",
         help="jax.distributed ranks, or horovodrun (gloo) from .venv-horovod",
     )
-    launch.add_argument("script", help="a Python script; it runs unchanged on every rank")
-    launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's arguments")
-    launch.set_defaults(run=run)
+    parser.add_argument("script", help="a Python script; it runs unchanged on every rank")
+    parser.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's arguments")
+    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.runtime.launch import launch, launch_horovod
-
     if args.timeout_s is not None and args.timeout_s <= 0:
         raise DiscoInputError("launch", "--timeout-s must be positive")
     run_ranks = launch_horovod if args.engine == "horovod" else launch

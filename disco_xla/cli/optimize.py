@@ -11,11 +11,12 @@ import sys
 from tqdm import tqdm
 
 from disco_xla.cli.apply import add_write_checks, write_checked, written_line
-from disco_xla.cli.shared import load_for_planning, use_devices
+from disco_xla.cli.shared import add_xla_dump, load_dump, load_for_planning, use_devices
 from disco_xla.cli.simulate import COST_MODELS
 from disco_xla.errors import DiscoInputError
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.report import write_report
+from disco_xla.runtime.apply import compile_separately
+from disco_xla.search.fusion_source import xla_fusion_of
 from disco_xla.search.pipeline import Pricing, plan_module, pricing
 from disco_xla.search.summary import comparison_summary, format_table
 from disco_xla.settings import DEFAULTS, OptimizeSettings
@@ -37,6 +38,7 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         "--alpha", type=float, default=DEFAULTS.alpha, help="keep children below alpha x best"
     )
     optimize.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    add_xla_dump(optimize)
     optimize.add_argument("--cost-model", choices=COST_MODELS, default=DEFAULTS.cost_model)
     optimize.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
     optimize.add_argument(
@@ -90,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
             # Measured faster than the search's first choice: its plan is the one kept.
             _write_plan(plan_path, written.plan)
     if args.report:
-        from disco_xla.report import write_report
-
         write_report(args.report, module, profile, comparison.results, best.plan)
     report = {
         **comparison_summary(comparison),
@@ -108,8 +108,10 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{module.name} on {profile.name}, cost model {cost_model.name}: "
         f"{best.evaluations} plans evaluated in {best.search_s:.1f} s; every plan below is "
-        "simulated over the captured module (XLA's kernels mapped back onto it)"
+        "simulated over the captured module"
     )
+    if comparison.fusion is not None:
+        print(f"baselines from {comparison.fusion.note}")
     print(format_table(comparison))
     print(f"wrote {plan_path}")
     if written is not None:
@@ -148,7 +150,7 @@ def _search(args: argparse.Namespace, module, settings: OptimizeSettings, prices
     """The planning pipeline with both ablations, from XLA's fusion with its
     all-reduce combiner off (where every baseline starts), a progress bar per
     search on a terminal."""
-    separate = compile_module(module, NO_COMBINER)
+    fusion = xla_fusion_of(module, compile_separately, load_dump(args.xla_dump))
     quiet = args.json or not sys.stderr.isatty()
     bars = []
 
@@ -167,7 +169,7 @@ def _search(args: argparse.Namespace, module, settings: OptimizeSettings, prices
             module,
             settings,
             prices,
-            separate,
+            fusion,
             ablations=True,
             keep=settings.candidates,
             on_search=on_search,

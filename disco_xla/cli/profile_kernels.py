@@ -11,8 +11,20 @@ import os
 import sys
 import time
 
+import jax
+import numpy as np
+from tqdm import tqdm
+
 from disco_xla.cli.shared import add_keep_cpus_awake, cpus_awake_if_asked
+from disco_xla.costmodel.dataset import from_samples, save_dataset
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.hlo_io import load_module
+from disco_xla.planning import learn_kernel_times
+from disco_xla.profiling.kernel_times import kernels_one_by_one
+from disco_xla.profiling.sample_plans import profile_module
+from disco_xla.runtime.xla_runner import devices_needed, platform_devices
+from disco_xla.settings import OptimizeSettings
+from disco_xla.simulator.profiles import load_profile
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
@@ -45,25 +57,15 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.plans < 1 or args.repeats < 1:
         raise DiscoInputError("profile", "--plans and --repeats must be at least 1")
-    from disco_xla.hlo.hlo_io import load_module
-    from disco_xla.runtime.xla_runner import devices_needed, platform_devices
-
     if args.learn:
-        from disco_xla.simulator.profiles import load_profile
-
         load_profile(args.learn)  # an unknown cluster stops here, before any profiling
     modules = [(path, load_module(path)) for path in args.files]
     needed = max(devices_needed(m) for _, m in modules)
     if args.platform == "cpu":
-        import jax
-
         jax.config.update("jax_num_cpu_devices", needed)
     else:
-        from disco_xla.profiling.kernel_times import kernels_one_by_one
-
         kernels_one_by_one()  # before the GPU backend starts (it reads XLA_FLAGS once)
     platform_devices(args.platform, needed)  # one line, exit 2, where there are too few
-    from disco_xla.costmodel.dataset import from_samples, save_dataset
 
     start = time.perf_counter()
     samples, awake = _profile_modules(args, modules)
@@ -95,11 +97,6 @@ def run(args: argparse.Namespace) -> int:
 def _learn(args: argparse.Namespace, dataset) -> int:
     """Keep each distinct kernel's median measured time in the plan cache for
     `--learn`'s profile; returns how many kernels were kept."""
-    import numpy as np
-
-    from disco_xla.planning import learn_kernel_times
-    from disco_xla.settings import OptimizeSettings
-
     by_kernel: dict[str, list[float]] = {}
     for kernel, seconds in zip(dataset.structural_hash, dataset.time_s, strict=True):
         if seconds > 0:
@@ -114,10 +111,6 @@ def _learn(args: argparse.Namespace, dataset) -> int:
 def _profile_modules(args: argparse.Namespace, modules: list) -> tuple[list, bool]:
     """(every module's kernel samples, whether the CPUs were kept awake), a
     progress bar on a terminal."""
-    from tqdm import tqdm
-
-    from disco_xla.profiling.sample_plans import profile_module
-
     samples = []
     quiet = args.json or not sys.stderr.isatty()
     with (

@@ -8,15 +8,17 @@ import argparse
 import contextlib
 from collections.abc import Iterator
 
+import jax
+
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.hlo_io import load_module
+from disco_xla.plan import Plan
+from disco_xla.runtime.xla_runner import devices_needed, partition_module
+from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
 
 
 def use_devices(module) -> None:
     """Give XLA:CPU as many devices as `module` runs on (before JAX starts its backend)."""
-    import jax
-
-    from disco_xla.runtime.xla_runner import devices_needed
-
     jax.config.update("jax_num_cpu_devices", devices_needed(module))
 
 
@@ -24,13 +26,9 @@ def load_for_planning(path: str):
     """The module at `path` as plans are made for it: a module that XLA's SPMD
     partitioner splits (a sharded `jax.jit` step dumped before optimisation)
     is partitioned first, by XLA, since its all-reduces exist only after that."""
-    from disco_xla.hlo.hlo_io import load_module
-
     module = load_module(path)
     if not module.needs_partitioning:
         return module
-    from disco_xla.runtime.xla_runner import partition_module
-
     use_devices(module)
     try:
         return partition_module(module)
@@ -40,10 +38,23 @@ def load_for_planning(path: str):
         ) from None
 
 
+def add_xla_dump(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--xla-dump",
+        metavar="AFTER",
+        help="the module XLA wrote after its optimizations on the machine that runs the job "
+        "(the *after_optimizations* file --xla_dump_to writes): its kernels and its "
+        "all-reduces, in its order, make the xla and xla-overlap baselines",
+    )
+
+
+def load_dump(path: str | None):
+    """XLA's after-optimizations module at `path` (None: none given)."""
+    return load_module(path) if path else None
+
+
 def load_plan(path: str):
     """The `Plan` in the JSON file at `path`."""
-    from disco_xla.plan import Plan
-
     try:
         with open(path) as file:
             text = file.read()
@@ -64,8 +75,6 @@ def cpus_awake_if_asked(args: argparse.Namespace, command: str) -> Iterator[bool
     if not args.keep_cpus_awake:
         yield False
         return
-    from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
-
     with cpus_kept_awake() as held:
         if not held:
             raise DiscoInputError(

@@ -5,8 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from disco_xla.cli.shared import load_for_planning, load_plan, use_devices
+from disco_xla.cli.shared import add_xla_dump, load_dump, load_for_planning, load_plan, use_devices
+from disco_xla.errors import DiscoInputError
+from disco_xla.plan import verify_plan
+from disco_xla.runtime.apply import compile_separately
+from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.search.baselines import BASELINES, baseline, captured_baselines
+from disco_xla.search.fusion_source import xla_fusion_of
 from disco_xla.settings import DEFAULTS
+from disco_xla.simulator.cost_models import TableCostModel, make_cost_model
+from disco_xla.simulator.events import simulate
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import load_profile
+from disco_xla.simulator.trace import chrome_trace, plot_gantt
 
 COST_MODELS = ["roofline", "table", "gnn"]
 
@@ -25,6 +36,7 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         "ddp, mgwfbp, fsdp) or a PLAN.json; default none. Repeat it to simulate several "
         "plans in one run (the module is compiled once for all baselines)",
     )
+    add_xla_dump(simulate)
     simulate.add_argument("--cost-model", choices=COST_MODELS, default=DEFAULTS.cost_model)
     simulate.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
     simulate.add_argument(
@@ -36,11 +48,6 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.errors import DiscoInputError
-    from disco_xla.simulator.cost_models import make_cost_model
-    from disco_xla.simulator.profiles import load_profile
-    from disco_xla.simulator.trace import chrome_trace, plot_gantt
-
     names = args.plan or ["none"]
     if args.trace and len(names) > 1:
         raise DiscoInputError(args.trace, f"--trace writes one plan's trace, not {len(names)}")
@@ -49,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
     cost_model = make_cost_model(args.cost_model, profile, args.table)
     results = {}
     for name in names:
-        simulated_module, summary, result = _simulate_plan(name, module, profile, cost_model)
+        simulated_module, summary, result = _simulate_plan(
+            name, module, profile, cost_model, args.xla_dump
+        )
         results[name] = result
         if args.json:
             print(json.dumps(summary), flush=True)
@@ -63,26 +72,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_plan(name: str, module, profile, cost_model):
+def _simulate_plan(name: str, module, profile, cost_model, dump: str | None = None):
     """Simulate the plan `name` (a baseline or a PLAN.json) on `module`: the
     module it runs on, its summary, and the simulation. XLA's compiles of
     `module` are made once for every baseline (`compile_module` remembers them)."""
-    from disco_xla.plan import verify_plan
-    from disco_xla.search.baselines import BASELINES, baseline
-    from disco_xla.simulator.cost_models import TableCostModel
-    from disco_xla.simulator.events import simulate
-    from disco_xla.simulator.kernels import build_task_graph
-
     note = ""
     if name in BASELINES:
-        combined = separate = None
-        if name != "none":
-            from disco_xla.runtime.apply import NO_COMBINER
-            from disco_xla.runtime.xla_runner import compile_module
-
-            use_devices(module)
-            combined, separate = compile_module(module), compile_module(module, NO_COMBINER)
-        chosen = baseline(name, module, combined, separate, profile, cost_model)
+        chosen = _baseline(name, module, profile, cost_model, dump)
         module, plan, note = chosen.module, chosen.plan, chosen.note
         task_graph = chosen.task_graph  # run as the baseline runs (tuples, blocking)
     else:
@@ -98,6 +94,20 @@ def _simulate_plan(name: str, module, profile, cost_model):
     if isinstance(cost_model, TableCostModel):
         summary["table_misses"] = cost_model.misses - misses_before  # this plan's alone
     return module, summary, result
+
+
+def _baseline(name: str, module, profile, cost_model, dump: str | None):
+    """The baseline `name` over the modules XLA compiles here (combiner on and
+    off); with XLA's `dump`, or where the module does not compile here, over the
+    module itself with XLA's fusion from the dump or modelled (`fusion_source`)."""
+    if name == "none":
+        return baseline(name, module, None, None, profile, cost_model)
+    use_devices(module)
+    fusion = xla_fusion_of(module, compile_separately, load_dump(dump))
+    if fusion.source != "compile":
+        return captured_baselines(module, fusion, profile, cost_model)[name]
+    combined, separate = compile_module(module), compile_separately(module)
+    return baseline(name, module, combined, separate, profile, cost_model)
 
 
 def _print_result(plan_name: str, module, profile, summary: dict, result) -> None:
@@ -118,6 +128,8 @@ def _print_result(plan_name: str, module, profile, summary: dict, result) -> Non
         f"{result.exposed_comm_s * milli:.3f} ms exposed ({result.overlap_ratio:.0%} overlapped)"
     )
     print(f"  critical path  {' -> '.join(result.critical_path[-6:])}")
+    if summary["plan_note"]:
+        print(f"  plan           {summary['plan_note']}")
 
 
 def _others(count: int) -> str:

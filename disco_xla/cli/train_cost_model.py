@@ -7,6 +7,9 @@ import argparse
 import json
 import sys
 
+from disco_xla.costmodel.dataset import load_datasets
+from disco_xla.costmodel.training import train_and_save
+
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
     train = commands.add_parser(
@@ -34,9 +37,6 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from disco_xla.costmodel.dataset import load_datasets
-    from disco_xla.costmodel.training import train_and_save
-
     dataset = load_datasets(args.datasets)
     chosen = {} if args.feature_set is None else {"feature_set": args.feature_set}
     report = train_and_save(

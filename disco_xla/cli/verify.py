@@ -8,6 +8,8 @@ import json
 
 from disco_xla.cli.shared import load_for_planning, use_devices
 from disco_xla.errors import DiscoInputError
+from disco_xla.runtime.apply import RewriteError, verify_rewrite
+from disco_xla.runtime.xla_runner import devices_needed
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
@@ -25,15 +27,11 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     original = load_for_planning(args.original)
     rewritten = load_for_planning(args.rewritten)
-    from disco_xla.runtime.xla_runner import devices_needed
-
     for path, module in ((args.original, original), (args.rewritten, rewritten)):
         needed = devices_needed(module)
         if needed != args.devices:
             raise DiscoInputError(path, f"the module runs on {needed} devices, not {args.devices}")
     use_devices(original)
-    from disco_xla.runtime.apply import RewriteError, verify_rewrite
-
     try:
         comparison = verify_rewrite(original, rewritten, args.devices, args.rounds)
     except RewriteError as error:

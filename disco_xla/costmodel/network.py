@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from disco_xla.costmodel.features import (
@@ -53,6 +55,9 @@ from disco_xla.costmodel.features import (
 from disco_xla.costmodel.weights import read_model
 from disco_xla.errors import DiscoInputError
 from disco_xla.simulator.kernels import Kernel, TaskGraph
+
+# haiku and jraph, the GNN's own libraries (~0.2 s to import), are imported inside
+# the functions that build and batch it: the CLI imports this module at start-up.
 
 BATCH_GRAPHS = 512  # graphs per prediction batch (padding rounds up to a power of two)
 
@@ -273,8 +278,6 @@ class NetworkConfig:
 def network(config: NetworkConfig):
     """The haiku-transformed network: GraphsTuple -> standardised log-time per graph."""
     import haiku as hk
-    import jax
-    import jax.numpy as jnp
     import jraph
 
     def mlp(width: int, name: str):
@@ -321,8 +324,6 @@ def network(config: NetworkConfig):
 def jitted_apply(config: NetworkConfig):
     """One jit-compiled forward pass per network configuration, shared by every
     model of that configuration (compiled shapes are reused)."""
-    import jax
-
     return jax.jit(network(config).apply)
 
 
@@ -353,8 +354,6 @@ class GnnCostModel:
         return model
 
     def _check_parameters(self, source: str) -> None:
-        import jax
-
         # Abstract evaluation only: loading must not start JAX's backends (the CLI
         # sets the CPU device count after building the cost model).
         key = jax.ShapeDtypeStruct((2,), np.uint32)

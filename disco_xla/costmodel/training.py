@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from disco_xla.costmodel.dataset import KernelDataset
@@ -48,6 +50,9 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.kernels import KernelArrays
 from disco_xla.simulator.profiles import ClusterProfile
+
+# optax and jraph (the GNN's training) and scipy are imported inside the functions
+# that use them: the CLI imports this module at start-up.
 
 LEARNING_RATE = 1e-3
 BATCH_GRAPHS = 128
@@ -103,8 +108,6 @@ def train(
     in `hold_out_models`); returns the model with the best validation loss and a
     report. `max_seconds` stops after the epoch that reaches that much wall time
     (a budgeted run keeps its best model)."""
-    import jax
-
     start_s = time.perf_counter()
     held_out = _held_out(hold_out_model, hold_out_models)
     data = _training_kernels(dataset, held_out)
@@ -286,8 +289,6 @@ class _EpochRun:
 def _jitted_update(model, optimizer):
     """(params, opt_state, graph, targets) -> (params, opt_state, loss): one
     optimizer step on the squared error of the graphs that are not padding."""
-    import jax
-    import jax.numpy as jnp
     import jraph
     import optax
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from disco_xla.hlo.custom_calls import library_call_flops
 from disco_xla.hlo.trip_counts import executions
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ ELEMENTWISE_OPCODES = frozenset(
 def estimate_flops(instr: Instruction) -> int:
     """A FLOP estimate by opcode: dot 2·M·N·K, convolution 2·out·window·in-features,
     elementwise one per output element, reductions one per input element, fusion the
-    sum of its fused computation. Data movement and unknown opcodes count zero."""
+    sum of its fused computation, a library call by its target (`custom_calls`).
+    Data movement and unknown opcodes count zero."""
     opcode = instr.opcode
     if opcode in ELEMENTWISE_OPCODES:
         return instr.shape.elements
@@ -53,11 +55,14 @@ def estimate_flops(instr: Instruction) -> int:
         return instr.shape.elements * window
     if opcode == "fusion":
         return sum(i.flops for c in instr.called_computations for i in c.instructions)
+    if opcode == "custom-call":
+        return library_call_flops(instr, _convolution_flops)
     return 0
 
 
-def _convolution_flops(instr: Instruction) -> int:
-    """2 · output elements · kernel window · input features."""
+def _convolution_flops(instr: Instruction, output: int | None = None) -> int:
+    """2 · output elements · kernel window · input features (`output`: the
+    output's elements, where the result is a tuple, as a cuDNN call's is)."""
     if len(instr.operands) < 2:
         return 0
     kernel = instr.operands[1].shape.dims
@@ -67,7 +72,7 @@ def _convolution_flops(instr: Instruction) -> int:
     )
     in_dim = numbers.kernel_input_feature_dimension
     in_features = max(kernel[in_dim], 0) if 0 <= in_dim < len(kernel) else 1
-    return 2 * instr.shape.elements * window * in_features
+    return 2 * (instr.shape.elements if output is None else output) * window * in_features
 
 
 def total_flops(module: HloModule) -> int:

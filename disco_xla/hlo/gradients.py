@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from disco_xla.hlo.opcodes import REDUCTION_OPCODES
+from disco_xla.hlo.opcodes import CONTROL_FLOW_OPCODES, REDUCTION_OPCODES
 
 if TYPE_CHECKING:
     from disco_xla.hlo.graph import HloModule, Instruction
@@ -52,12 +52,32 @@ class BackwardCode:
         return any(id(operand) in self._ids for operand in instr.operands)
 
 
+def computations_with_several_call_sites(module: HloModule) -> set[str]:
+    """The computations that run at more than one call site, directly or through
+    a caller that does (a `jit`-ed function a step calls twice, say)."""
+    sites: dict[str, int] = {}
+
+    def count(computation) -> int:
+        found = sites.get(computation.name)
+        if found is None:
+            sites[computation.name] = 1  # guards against a cycle through calls
+            callers = [c for c in computation.callers if c.opcode in CONTROL_FLOW_OPCODES]
+            found = sum(count(c.computation) for c in callers) if callers else 1
+            sites[computation.name] = found
+        return found
+
+    return {c.name for c in module.computations if count(c) > 1}
+
+
 def is_gradient_reduction(
-    reduction: Instruction, cross_device_sum: bool, backward: BackwardCode
+    reduction: Instruction, cross_device_sum: bool, backward: BackwardCode, shared: set[str]
 ) -> bool:
     """Whether `reduction` (an all-reduce or reduce-scatter; `cross_device_sum`
-    says whether it sums over more than one device) reduces a gradient."""
-    if not cross_device_sum:
+    says whether it sums over more than one device) reduces a gradient that a
+    plan can bucket. One in a computation with several call sites (`shared`) is
+    left as it is: it is a reduction per call, and a bucket of it would bucket
+    every call's at once."""
+    if not cross_device_sum or reduction.computation.name in shared:
         return False
     if backward.marked:
         return backward.reads_backward(reduction) or GRADIENT_MARK in reduction.op_name

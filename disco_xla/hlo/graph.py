@@ -34,7 +34,11 @@ from disco_xla.hlo.collectives import (
 )
 from disco_xla.hlo.devices import already_partitioned, device_counts, needs_partitioning
 from disco_xla.hlo.flops import estimate_flops, total_flops
-from disco_xla.hlo.gradients import BackwardCode, is_gradient_reduction
+from disco_xla.hlo.gradients import (
+    BackwardCode,
+    computations_with_several_call_sites,
+    is_gradient_reduction,
+)
 from disco_xla.hlo.opcodes import (
     ALL_REDUCE_OPCODES,
     COLLECTIVE_DONE_OPCODES,
@@ -457,6 +461,7 @@ class HloModule:
         """Every all-reduce and reduce-scatter, with which ones reduce gradients
         (`gradients`)."""
         backward = BackwardCode(self)
+        shared = computations_with_several_call_sites(self)
         found = []
         for computation in self.computations:
             for instr in computation.instructions:
@@ -476,7 +481,7 @@ class HloModule:
                         group_size=group_size,
                         scope=collective_scope(instr.proto),
                         is_gradient=is_gradient_reduction(
-                            instr, reduction == "sum" and cross_device, backward
+                            instr, reduction == "sum" and cross_device, backward, shared
                         ),
                         groups=device_groups(instr.proto),
                         kind=collective_kind(instr),

@@ -27,6 +27,8 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("host_program_shape", 4, "ProgramShapeProto", False),
         ("id", 5, "int64", False),
         ("entry_computation_id", 6, "int64", False),
+        # An HloScheduleProto, kept serialised: a rewrite drops it (`drop_schedule`).
+        ("schedule", 7, "bytes", False),
         # An HloInputOutputAliasProto (TF's assigned variables), kept serialised:
         # the runners clear it to run a step repeatedly on the same arguments.
         ("input_output_alias", 8, "bytes", False),

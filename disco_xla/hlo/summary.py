@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from disco_xla.hlo.custom_calls import COSTED_AS, is_library_call, library_call_kind
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo.trip_counts import executions, loop_trip_counts
 
@@ -18,7 +19,6 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
     the instructions that run as program code, each as often as it runs (a loop
     body once per trip, `trip_counts`).
     """
-
     histogram = module.opcode_histogram()
     return {
         "file": module.source,
@@ -38,7 +38,25 @@ def summarize(module: HloModule, largest: int = 5) -> dict:
         },
         **module.device_counts(),
         "partitioning": _partitioning(module),
+        "library_calls": _library_calls(module),
     }
+
+
+def _library_calls(module: HloModule) -> dict[str, dict]:
+    """Each custom-call target that computes (`custom_calls`): how many calls,
+    their FLOPs in one run of each, and how the simulator costs them."""
+    found: dict[str, dict] = {}
+    for instr in module.instructions():
+        if not is_library_call(instr):
+            continue
+        kind = library_call_kind(instr)
+        entry = found.setdefault(
+            instr.proto.custom_call_target,
+            {"calls": 0, "flops": 0, "kind": kind, "costed_as": COSTED_AS[kind]},
+        )
+        entry["calls"] += 1
+        entry["flops"] += instr.flops
+    return dict(sorted(found.items()))
 
 
 def _all_reduce_fields(module: HloModule, largest: int) -> dict:
@@ -120,6 +138,11 @@ def format_summary(summary: dict) -> str:
             for name, loop in summary["loops"].items()
         )
         lines.append(f"loops         {loops}")
+    for target, call in summary["library_calls"].items():
+        lines.append(
+            f"library call  {target} x{call['calls']}, {_si(call['flops'])}FLOP: "
+            f"costed as {call['costed_as']}"
+        )
     opcodes = ", ".join(f"{op} {count}" for op, count in summary["opcodes"].items())
     lines.append(f"opcodes       {opcodes}")
     return "\n".join(lines)

@@ -152,6 +152,7 @@ def _serve() -> None:
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints must not corrupt the reply stream
     requests = sys.stdin.buffer
+    # Only the worker loads XLA: the IR (and `import disco_xla`) stays free of jax.
     from jax._src.lib import xla_client
 
     hlo = xla_client.hlo

@@ -21,6 +21,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from disco_xla.capture import capture_jax
+from disco_xla.plan import Plan, departing_groups
+from disco_xla.runtime.apply import apply_plan, no_combiner, time_candidates
+from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.search.xla_fusion import xla_fusion_plan
+from disco_xla.simulator.cost_models import RooflineCostModel
+from disco_xla.simulator.kernels import TaskGraph, kernel_for
 from disco_xla.simulator.profiles import ClusterProfile
 
 # The probe: this many chains of CHAIN_OPS elementwise ops on f32[ELEMENTS] each.
@@ -40,12 +51,6 @@ class BoundaryCost:
 
 
 def _probe_module():
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from disco_xla.capture import capture_jax
-
     def chains(*xs):
         results = []
         for x in xs:
@@ -64,13 +69,6 @@ def measure_fusion_boundary_s(
 ) -> BoundaryCost:
     """Measure the probe (see the module docstring) on one device of
     `platform`; the roofline of `profile` gives the modelled part."""
-    from disco_xla.plan import Plan, departing_groups
-    from disco_xla.runtime.apply import apply_plan, no_combiner, time_candidates
-    from disco_xla.runtime.xla_runner import compile_module
-    from disco_xla.search.xla_fusion import xla_fusion_plan
-    from disco_xla.simulator.cost_models import RooflineCostModel
-    from disco_xla.simulator.kernels import TaskGraph, kernel_for
-
     module = _probe_module()
     own = xla_fusion_plan(module, compile_module(module, no_combiner(platform), platform))
     split = Plan(

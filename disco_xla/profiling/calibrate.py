@@ -39,7 +39,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from disco_xla.simulator.profiles import MEASURED_COLLECTIVE_KINDS
 from disco_xla.timing import (
@@ -189,9 +193,6 @@ class StepCosts:
 def empty_steps(mesh, place: Callable) -> dict[int, Callable[[], object]]:
     """{pairs: a call of the empty step with that many (argument, result) pairs}
     over `mesh`; `place(array)` makes a replicated global array of one local one."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
     steps = {}
     for pairs in (1, STEP_PAIRS):
         step = jax.jit(
@@ -214,9 +215,6 @@ def compute_probe(mesh, place: Callable, place_split: Callable) -> Callable[[], 
     weight's gradient beside the backward pass), and no collective.
     `place_split(local)` makes a global array split over the workers from this
     worker's part."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
 
     def loss(weights, x):
         for weight in weights:
@@ -259,10 +257,6 @@ def in_step_probe(
     tuple of TUPLE_TENSORS; SEPARATE_ALL_REDUCES: as that many all-reduces, with
     XLA's combiner off; none when None) of a buffer of IN_STEP_BYTES taken from
     the vector's start, whose result replaces as much of the vector."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
-
     axis, workers = mesh.axis_names[0], mesh.size
     elements = IN_STEP_BYTES // 4
     probes = collective_probes(axis, workers)
@@ -380,8 +374,6 @@ def collective_probes(axis: str, workers: int) -> dict[str, tuple[Callable, Call
     counts: an all-gather's result (each worker gives n/p), a reduce-scatter's
     operand; an all-reduce, an all-to-all and a permute (to the next worker in a
     ring) move n."""
-    import jax
-
     ring = [(rank, (rank + 1) % workers) for rank in range(workers)]
     return {
         "all-reduce": (lambda x: jax.lax.psum(x, axis), lambda n: n),
@@ -404,9 +396,6 @@ def measure_collectives(
     the `kinds` of `collective_probes` over the workers of `mesh` at
     `sizes_by_kind(sizes)`; each buffer is rounded down to a whole number of
     elements per worker. Every worker must call it at the same time."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
     axis, workers = mesh.axis_names[0], mesh.size
     measured: dict[str, list[tuple[int, float]]] = {}
     for kind in kinds:
@@ -427,10 +416,6 @@ def measure_in_process(
     """`measure_collectives`, a tuple tensor's share of a separate all-reduce
     (`tuple_element_in_step`) and the `StepCosts` over `devices` CPU devices of
     this process, in the order the processes take."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
     chosen = jax.devices("cpu")[:devices]
     if len(chosen) < devices:
         raise RuntimeError(f"need {devices} CPU devices, JAX has {len(chosen)}")
@@ -488,8 +473,6 @@ def tuple_probe(axis: str, separate: bool = False) -> Callable:
     """A psum over `axis` of a vector as a tuple of TUPLE_TENSORS equal slices
     (or, `separate`, a psum of each slice), the results joined again (its
     length a multiple of TUPLE_TENSORS)."""
-    import jax
-    import jax.numpy as jnp
 
     def as_tuple(x):
         length = x.shape[0] // TUPLE_TENSORS
@@ -503,9 +486,6 @@ def tuple_probe(axis: str, separate: bool = False) -> Callable:
 
 def measure_device(repeats: int = 5) -> tuple[float, float]:
     """(f32 matmul FLOP/s, memory bandwidth bytes/s) of one CPU device."""
-    import jax
-    import jax.numpy as jnp
-
     n = 2048
     a = jnp.ones((n, n), jnp.float32)
     matmul = jax.jit(lambda x: x @ x)

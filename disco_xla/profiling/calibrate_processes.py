@@ -13,7 +13,10 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from disco_xla.profiling.calibrate import (
     StepCosts,
@@ -76,10 +79,6 @@ def measure_multi_process(
 def _worker(rank: int, processes: int, port: int, repeats: int, sizes: list[int]) -> None:
     """One jax.distributed process: psum and the other collectives over a mesh of
     one CPU device per process."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=processes, process_id=rank)
     mesh = Mesh(np.array(jax.devices()), ("d",))

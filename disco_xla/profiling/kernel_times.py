@@ -37,6 +37,8 @@ import re
 import statistics
 from collections.abc import Callable, Iterable, MutableMapping
 
+import jax
+
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.simulator.kernels import build_task_graph
@@ -76,8 +78,6 @@ def profile_kernel_times(
     default the median) of its durations over all runs and devices. The mean is
     the one whose sum predicts a step of many kernels (the sum's median tends to
     the sum of the means), where the machine's load stretches some of them."""
-    import jax
-
     # Each run is blocked on: results still in flight when the trace stops are
     # not in it (seen on jax.distributed runs, where dispatch returns at once).
     jax.block_until_ready(run())  # compile caches warm, first-run effects out of the trace

@@ -43,10 +43,10 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.fusion_boundaries import GROUP_MARK, OutlineFusionGroups
 from disco_xla.plan import (
-    EXPENSIVE_OPCODES,
     Plan,
     compute_instructions,
     departing_groups,
+    fusion_weight,
     verify_plan,
 )
 from disco_xla.profiling.kernel_times import KERNEL_PLANES, profile_kernel_times
@@ -94,7 +94,7 @@ class _MergeableGroups:
         for index, group in enumerate(base.fusion_groups):
             instrs = [by_name[n] for n in group]
             self.members[index] = instrs
-            self.expensive[index] = sum(i.opcode in EXPENSIVE_OPCODES for i in instrs)
+            self.expensive[index] = sum(fusion_weight(i) for i in instrs)
             for instr in instrs:
                 self.group_of[id(instr)] = index
         self.control_successors: dict[int, list] = defaultdict(list)

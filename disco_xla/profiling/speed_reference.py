@@ -20,6 +20,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import replace
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from disco_xla.costmodel.dataset import KernelDataset
@@ -32,9 +34,6 @@ REFERENCE_RUNS = 15  # timed runs of the workload; their median is one reference
 @functools.cache
 def _reference_workload(platform: str) -> Callable[[], object]:
     """The workload, compiled once per platform, its inputs already on the device."""
-    import jax
-    import jax.numpy as jnp
-
     device = jax.devices(platform)[0]
 
     def work(matrix, vector):

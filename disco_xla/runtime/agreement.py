@@ -9,6 +9,8 @@ In a single process these functions return at once.
 
 from __future__ import annotations
 
+from jax._src import distributed
+
 DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -17,8 +19,6 @@ class AgreementError(RuntimeError):
 
 
 def _client():
-    from jax._src import distributed
-
     state = distributed.global_state
     if state.client is None or not state.num_processes or state.num_processes < 2:
         return None, 0, 1

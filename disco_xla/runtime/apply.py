@@ -21,8 +21,10 @@ import numpy as np
 
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
+from disco_xla.hlo_passes.drop_schedule import DropSchedule
 from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
 from disco_xla.hlo_passes.pass_interface import HloPass, run_pipeline
+from disco_xla.hlo_passes.synchronous_all_reduces import SynchronousAllReduces
 from disco_xla.plan import Plan, departing_groups, verify_plan
 from disco_xla.runtime.agreement import broadcast
 from disco_xla.runtime.xla_runner import (
@@ -103,10 +105,11 @@ def plan_pipeline(
     fusion: bool = True,
     left_to_xla: Collection[tuple[str, ...]] | None = None,
 ) -> list[HloPass]:
-    """The passes that realise `plan` (verified) on `module`, in order: the
-    fusion boundaries of the groups that need one (`plan.departing_groups`),
-    when `fusion`, then the all-reduce buckets."""
-    passes: list[HloPass] = []
+    """The passes that realise `plan` (verified) on `module`, in order: drop a
+    scheduled module's schedule and make its asynchronous all-reduces
+    synchronous, then the fusion boundaries of the groups that need one
+    (`plan.departing_groups`), when `fusion`, then the all-reduce buckets."""
+    passes: list[HloPass] = [DropSchedule(), SynchronousAllReduces()]
     if fusion:
         boundaries = departing_groups(module, plan, left_to_xla)
         passes.append(OutlineFusionGroups(plan.fusion_groups, boundaries))

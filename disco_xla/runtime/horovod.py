@@ -44,6 +44,7 @@ from typing import Any
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.gradients import GRADIENT_MARK
 from disco_xla.hlo.graph import HloModule, Instruction
+from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan, verify_plan
 
 _VIEWS = frozenset({"reshape", "bitcast", "copy", "transpose", "convert"})
@@ -147,8 +148,6 @@ def _gradients_by_all_reduce(module: HloModule, source: str) -> dict[str, list[P
 
 def load_plan_buckets(plan_path: str, module_path: str) -> list[list[PlanGradient]]:
     """`plan_gradient_buckets` for a plan JSON file and the captured module's file."""
-    from disco_xla.hlo.hlo_io import load_module
-
     try:
         with open(plan_path, encoding="utf-8") as handle:
             text = handle.read()
@@ -244,6 +243,7 @@ class HorovodStep:
         buckets: Sequence[Sequence[int]] | None,
         learning_rate: float = 0.01,
     ):
+        # Optional dependencies, imported where used: Horovod and its TensorFlow.
         import horovod.tensorflow as hvd
         import tensorflow as tf
 

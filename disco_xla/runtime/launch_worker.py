@@ -9,6 +9,10 @@ import threading
 import time
 import traceback
 
+import jax
+
+from disco_xla.runtime.launch import COORDINATOR_VARIABLE, PROCESSES_VARIABLE, RANK_VARIABLE
+
 
 def _exit_with_the_launcher() -> None:
     """If the launcher dies (killed, say), this rank must not live on alone."""
@@ -24,10 +28,6 @@ def _exit_with_the_launcher() -> None:
 
 def main() -> None:
     _exit_with_the_launcher()
-    import jax
-
-    from disco_xla.runtime.launch import COORDINATOR_VARIABLE, PROCESSES_VARIABLE, RANK_VARIABLE
-
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         os.environ[COORDINATOR_VARIABLE],

@@ -25,8 +25,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from jax._src.lib import _jax
+
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo.shapes import Shape
+
+# TensorFlow is optional (the `tf` extra): each function imports it where it uses it.
 
 STABLEHLO_TARGET = "1.0.0"
 CALL_MODULE_VERSION = 10
@@ -131,7 +135,6 @@ class CallModuleProgram:
     def __init__(self, module: HloModule, platforms: Sequence[str] = ("CPU",)):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
-        from jax._src.lib import _jax
 
         self.name = module.name
         self.parameter_shapes = entry_parameter_shapes(module)

@@ -90,7 +90,6 @@ def partition_module(module: HloModule, platform: str = "cpu") -> HloModule:
     """One partition's program of a module that XLA's SPMD partitioner splits
     (`module.needs_partitioning`), as XLA partitions it when it compiles it for
     `platform`."""
-
     devices = platform_devices(platform, devices_needed(module))
 
     def compile_with(dump_options: dict) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
+from disco_xla.search.fusion_source import compiled_fusion
 from disco_xla.search.pipeline import plan_module, pricing
 from disco_xla.settings import DEFAULTS, OptimizeSettings
 
@@ -45,4 +46,5 @@ def optimize(
         cost_model=cost_model,
     )
     prices = pricing(module, settings, table)
-    return plan_module(module, settings, prices, compiled).found.plan
+    fusion = compiled_fusion(module, compiled) if compiled is not None else None
+    return plan_module(module, settings, prices, fusion).found.plan

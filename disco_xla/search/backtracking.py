@@ -36,11 +36,12 @@ import heapq
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
-from disco_xla.plan import EXPENSIVE_OPCODES, Plan, compute_instructions, verify_plan
+from disco_xla.plan import Plan, verify_plan
+from disco_xla.search.fusion_model import producer_consumer_fusion
 from disco_xla.search.moves import Fuse, Move, Rebucket, Split
 from disco_xla.settings import DEFAULTS, OptimizeSettings
 from disco_xla.simulator.cost_models import CostModel
@@ -75,30 +76,7 @@ def greedy_fusion_plan(module: HloModule) -> Plan:
     """An XLA-like starting point: each instruction joins the group of its only
     user when that keeps at most one dot or convolution per group (producer-
     consumer loop fusion), and gradients are bucketed one per all-reduce."""
-    compute = compute_instructions(module)
-    group_of = {id(i): n for n, i in enumerate(compute)}
-    members: dict[int, list] = {n: [i] for n, i in enumerate(compute)}
-    expensive = {n: int(i.opcode in EXPENSIVE_OPCODES) for n, i in enumerate(compute)}
-    for instr in reversed(compute):  # consumers before producers
-        if len(instr.users) != 1 or id(instr.users[0]) not in group_of:
-            continue
-        mine, theirs = group_of[id(instr)], group_of[id(instr.users[0])]
-        if mine == theirs or expensive[mine] + expensive[theirs] > 1:
-            continue
-        for moved in members.pop(mine):
-            group_of[id(moved)] = theirs
-            members[theirs].append(moved)
-        expensive[theirs] += expensive.pop(mine)
-    position = {id(i): n for n, i in enumerate(compute)}
-    groups = sorted(
-        (
-            tuple(i.name for i in sorted(group, key=lambda i: position[id(i)]))
-            for group in members.values()
-        ),
-        key=lambda g: g[0],
-    )
-    unfused = Plan.unfused(module)
-    return replace(unfused, fusion_groups=tuple(groups))
+    return producer_consumer_fusion(module, lambda producer, consumer, weight: weight <= 1)
 
 
 MOVE_KINDS = ("all", "fusion", "bucketing")

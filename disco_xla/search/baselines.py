@@ -55,6 +55,7 @@ from disco_xla.plan import (
     gradient_dependencies,
     verify_plan,
 )
+from disco_xla.search.fusion_source import XlaFusion, compiled_fusion
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
@@ -327,25 +328,26 @@ def bucket_rules(
 
 def captured_baselines(
     module: HloModule,
-    compiled_separate: HloModule,
+    fusion: XlaFusion | HloModule,
     profile: ClusterProfile,
     cost_model: CostModel,
 ) -> dict[str, Baseline]:
     """Every baseline of BASELINES as a plan over the captured `module`.
 
-    `compiled_separate` is the module as XLA compiled it with its all-reduce
-    combiner off: its kernels give XLA's fusion (`xla_fusion_plan`). Ready times
-    for the bucketing rules come from simulating XLA's fusion with one all-reduce
-    per gradient. A plan a rule makes that `verify_plan` refuses (a bucket that
+    `fusion` is XLA's own fusion (`fusion_source.XlaFusion`: compiled here,
+    from XLA's dump, or modelled), or the module as XLA compiled it with its
+    all-reduce combiner off, whose kernels give it. Ready times for the
+    bucketing rules come from simulating XLA's fusion with one all-reduce per
+    gradient. A plan a rule makes that `verify_plan` refuses (a bucket that
     would depend on a later one) falls back to one all-reduce per gradient, and
     says so in its note."""
-    from disco_xla.search.xla_fusion import xla_fusion_plan
-
+    if isinstance(fusion, HloModule):
+        fusion = compiled_fusion(module, fusion)
     gpu = profile.execution == "gpu-streams"
-    fusion_note = "XLA's fusion mapped onto the captured module" + (
-        " (XLA:CPU's, standing in for XLA:GPU's)" if gpu else ""
+    fusion_note = fusion.note + (
+        " (XLA:CPU's, standing in for XLA:GPU's)" if gpu and fusion.source == "compile" else ""
     )
-    xla_fusion = xla_fusion_plan(module, compiled_separate)
+    xla_fusion = fusion.plan
     singletons = simulate(build_task_graph(module, xla_fusion), profile, cost_model)
     ready = singletons.collective_ready_s
     gradients = gradients_in_ready_order(module, ready)
@@ -359,6 +361,11 @@ def captured_baselines(
         if name == "none":
             continue
         buckets, note = bucket_rules(name, gradients, ready, profile, kinds)
+        if fusion.buckets is not None and name in ("xla", "xla-overlap"):
+            buckets = fusion.buckets
+            note = f"XLA's {len(buckets)} all-reduces from its dump, in its order" + (
+                ", each holding the compute stream" if name == "xla" and gpu else ""
+            )
         plan = with_buckets(xla_fusion, legal_buckets(module, buckets))
         try:
             verify_plan(plan, module)

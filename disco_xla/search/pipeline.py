@@ -5,9 +5,9 @@
 1. Pricing (`pricing`): the settings' cluster profile at the module's worker
    count, and its cost model. Kernel times measured on this machine, and
    collective costs learned here, come first where given.
-2. Baselines: given XLA's compile of the module with its all-reduce combiner
-   off, every baseline of `baselines.BASELINES` as a plan over the module (XLA's
-   kernels mapped back onto it), simulated as XLA runs it. XLA's own groups then
+2. Baselines: given XLA's own fusion of the module (`fusion_source`: compiled
+   here, from XLA's dump, or modelled), every baseline of `baselines.BASELINES`
+   as a plan over the module, simulated as XLA runs it. XLA's own groups then
    bound the search: plans only split them, and pay the profile's boundary cost
    for each group that departs (`cost_models.boundary_charged`).
 3. Ablations, when asked for (the CLI's report): `fusion-only`, the search with
@@ -31,6 +31,7 @@ from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
+from disco_xla.search.fusion_source import XlaFusion
 from disco_xla.settings import OptimizeSettings
 from disco_xla.simulator.cost_models import (
     CostModel,
@@ -84,7 +85,8 @@ def pricing(
 class PlanComparison:
     """What the pipeline found for one module, and everything it compared."""
 
-    baselines: dict[str, Baseline]  # none without XLA's compile
+    baselines: dict[str, Baseline]  # none without XLA's fusion
+    fusion: XlaFusion | None  # XLA's own fusion, and where it came from
     # By ROWS name, in that order: each baseline as XLA runs it, each ablation
     # run, and 'found'; all simulated over the captured module.
     results: dict[str, SimulationResult]
@@ -105,21 +107,20 @@ def plan_module(
     module: HloModule,
     settings: OptimizeSettings,
     prices: Pricing,
-    compiled: HloModule | None = None,
+    fusion: XlaFusion | None = None,
     *,
     ablations: bool = False,
     keep: int = 1,
     on_search: OnSearch | None = None,
 ) -> PlanComparison:
     """Run the pipeline (the module docstring) on `module` within the budget of
-    `settings`. `compiled` is the module as XLA compiled it with its all-reduce
-    combiner off (`runtime.xla_runner.compile_module(module, NO_COMBINER)`);
-    without it there are no baselines, and the search starts from no fusion and
-    the greedy fusion alone. The search keeps its `keep` best plans
+    `settings`. `fusion` is XLA's own fusion of the module
+    (`fusion_source.xla_fusion_of`); without it there are no baselines, and the
+    search starts from no fusion and the greedy fusion alone. The search keeps its `keep` best plans
     (`SearchResult.top_plans`). `on_search(label)` gives the progress callback
     of each search."""
     profile, cost_model = prices.profile, prices.cost_model
-    baselines = captured_baselines(module, compiled, profile, cost_model) if compiled else {}
+    baselines = captured_baselines(module, fusion, profile, cost_model) if fusion else {}
     own_groups = None
     if baselines:
         own_groups = baselines["xla-nocombine"].plan.fusion_groups
@@ -136,7 +137,8 @@ def plan_module(
     for label, found in searches.items():
         results[label] = run.simulate(build_task_graph(module, found.plan))
     rows = {name: results[name] for name in ROWS if name in results}
-    return PlanComparison(baselines, rows, searches, run.baseline_plans(baselines, results))
+    baseline_plans = run.baseline_plans(baselines, results)
+    return PlanComparison(baselines, fusion, rows, searches, baseline_plans)
 
 
 class _Runs:

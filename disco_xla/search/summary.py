@@ -21,6 +21,8 @@ def comparison_summary(comparison: PlanComparison) -> dict:
         "exposed_comm_s": found.exposed_comm_s,
         "buckets": found.buckets,
         "kernels": found.kernels,
+        "fusion_source": comparison.fusion.source if comparison.fusion else None,
+        "fusion": comparison.fusion.note if comparison.fusion else None,
         "evaluations": comparison.found.evaluations,
         "search_s": comparison.found.search_s,
         "rows": {

@@ -36,10 +36,10 @@ from typing import NamedTuple
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.plan import (
-    EXPENSIVE_OPCODES,
     NOT_FUSIBLE_OPCODES,
     Plan,
     compute_instructions,
+    fusion_weight,
     verify_plan,
 )
 
@@ -153,11 +153,12 @@ def xla_kernel_candidates(captured: HloModule, compiled: HloModule) -> KernelCan
 class _InputBound(NamedTuple):
     """What limits the kernel an instruction may join (`_fits`): the highest
     kernel among its compute inputs, the highest label among its other inputs,
-    and whether it is a dot or convolution itself."""
+    and its own `plan.fusion_weight` (1: a dot or convolution; 2: a library call,
+    a kernel by itself)."""
 
     from_kernels: KernelLabel
     from_others: KernelLabel
-    is_expensive: bool
+    weight: int
 
 
 # Below every kernel: the bound of an instruction with no inputs.
@@ -166,12 +167,14 @@ _BEFORE_ALL_KERNELS: KernelLabel = (-1, 0)
 
 def _fits(label: KernelLabel, bound: _InputBound, expensive) -> bool:
     """Whether an instruction may join kernel `label`: no lower than its kernel
-    operands, above its other inputs, and one dot or convolution at most."""
-    from_kernels, from_others, is_expensive = bound
+    operands, above its other inputs, one dot or convolution at most, and no
+    library call (`expensive`: the fusion weight each kernel holds)."""
+    from_kernels, from_others, weight = bound
     return (
         label >= from_kernels
         and label > from_others
-        and not (is_expensive and expensive[label] >= 1)
+        and expensive[label] <= 1
+        and not (weight and expensive[label] >= 1)
     )
 
 
@@ -200,13 +203,15 @@ def xla_fusion_groups(captured: HloModule, compiled: HloModule) -> tuple[tuple[s
             if id(instr) not in is_compute:
                 label_of[id(instr)] = max(bound.from_kernels, bound.from_others)
                 continue
-            choice = _chosen_kernel(instr, producer_labels, bound, found, taken, expensive)
+            choice = None  # a library call is a kernel by itself
+            if bound.weight <= 1:
+                choice = _chosen_kernel(instr, producer_labels, bound, found, taken, expensive)
             if choice is None:  # a new kernel of its own, numbered after its inputs
                 fresh += 1
                 choice = (max(bound.from_kernels, bound.from_others, _BEFORE_ALL_KERNELS)[0], fresh)
             label_of[id(instr)] = choice
             taken[(choice[0], found.matched.get(instr.name))] += 1
-            expensive[choice] += bound.is_expensive
+            expensive[choice] += bound.weight
             members.setdefault((computation.name, choice), []).append(instr.name)
     ordered = sorted(members.items(), key=lambda item: (item[0][1], item[0][0]))
     return tuple(tuple(names) for _, names in ordered)
@@ -224,9 +229,7 @@ def _input_bound(
         (label_of.get(id(o), _BEFORE_ALL_KERNELS) for o in inputs if id(o) not in is_compute),
         default=_BEFORE_ALL_KERNELS,
     )
-    return producer_labels, _InputBound(
-        from_kernels, from_others, instr.opcode in EXPENSIVE_OPCODES
-    )
+    return producer_labels, _InputBound(from_kernels, from_others, fusion_weight(instr))
 
 
 def _chosen_kernel(

@@ -33,6 +33,7 @@ from functools import cached_property
 
 import numpy as np
 
+from disco_xla.hlo.custom_calls import library_call_kind
 from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.plan import Plan
 from disco_xla.simulator.module_index import ModuleIndex, module_index
@@ -44,6 +45,15 @@ from disco_xla.simulator.plan_kernels import (
     order_priorities,
     plan_kernels,
 )
+
+# The roofline class of each kind of library call: what bounds it.
+_LIBRARY_CLASS = {
+    "gemm": "dot",
+    "convolution": "convolution",
+    "attention-forward": "dot",
+    "attention-backward": "dot",
+    "other": "elementwise",
+}
 
 
 @dataclass(frozen=True)
@@ -243,6 +253,8 @@ def kernel_for(
     largest = max(members, key=size)
     leaves = largest.shape.leaves()
     opcodes = {i.opcode for i in members}
+    if "custom-call" in opcodes:  # `custom_calls`: alone in its kernel
+        opcodes = {_LIBRARY_CLASS[library_call_kind(i)] for i in members}
     op_class = next(
         (kind for kind in ("convolution", "dot") if kind in opcodes),
         "reduce" if opcodes & {"reduce", "reduce-window"} else "elementwise",

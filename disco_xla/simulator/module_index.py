@@ -10,7 +10,7 @@ from functools import cached_property
 
 from disco_xla.hlo.graph import COLLECTIVE_OPCODES, HloModule, Instruction
 from disco_xla.hlo.trip_counts import runs_per_call
-from disco_xla.plan import EXPENSIVE_OPCODES, NOT_FUSIBLE_OPCODES
+from disco_xla.plan import fusion_weight, is_compute
 
 CONTROL_CALLS = frozenset({"call", "while", "conditional"})
 # The chain of call sites (instruction names) that tells instances of a
@@ -56,7 +56,7 @@ class ModuleIndex:
                 continue
             for key in self.instances.get(computation.name, [()]):
                 for instr in computation.topological_order:
-                    compute = instr.opcode not in NOT_FUSIBLE_OPCODES
+                    compute = is_compute(instr)
                     if not compute and instr.opcode not in COLLECTIVE_OPCODES:
                         continue
                     atom = len(self.atoms)
@@ -148,11 +148,14 @@ class ModuleIndex:
         elif instr.opcode == "parameter":
             number = instr.proto.parameter_number
             for caller, parent_key in self._parents.get((instr.computation.name, key), ()):
-                operands = caller.operands
-                if caller.opcode == "conditional":
-                    operands = operands[1:]
-                if number < len(operands):
-                    sources.append((operands[number], parent_key))
+                if caller.opcode == "conditional":  # branch k reads operand k + 1
+                    sources += [
+                        (caller.operands[1 + branch], parent_key)
+                        for branch, c in enumerate(caller.called_computations)
+                        if c is instr.computation and 1 + branch < len(caller.operands)
+                    ]
+                elif number < len(caller.operands):
+                    sources.append((caller.operands[number], parent_key))
         elif instr.opcode in CONTROL_CALLS:
             for callee in instr.called_computations:
                 child = key + (instr.name,) if len(callee.callers) > 1 else key
@@ -165,7 +168,7 @@ class ModuleIndex:
         `order_users` (`_resolve_order_inputs`), and `is_expensive`."""
         self._resolve_inputs()
         self._resolve_order_inputs()
-        self.is_expensive = [i.opcode in EXPENSIVE_OPCODES for i, _ in self.atoms]
+        self.is_expensive = [fusion_weight(i) for i, _ in self.atoms]
 
     def _upstream(
         self,

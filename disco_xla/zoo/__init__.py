@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from disco_xla.capture import capture_jax
 from disco_xla.hlo.graph import HloModule
+from disco_xla.zoo.tf_steps import build_tf_step, capture_tf_step
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def capture_model(
     """
     batch = batch or 2 * replicas
     if framework == "jax":
-        from disco_xla.capture import capture_jax
+        # The JAX models import haiku and optax (~0.3 s): only when one is built.
         from disco_xla.zoo.jax_steps import build_jax_step
 
         on_stage("build")
@@ -98,8 +100,6 @@ def capture_model(
         module = capture_jax(step.fn, *step.args)
         return Capture(module, step.parameter_tensors, step.parameter_count)
     if framework == "tf":
-        from disco_xla.zoo.tf_steps import build_tf_step, capture_tf_step
-
         if batch % replicas:
             raise ValueError(f"the batch {batch} does not split over {replicas} replicas")
         on_stage("build")

@@ -20,8 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from disco_xla.capture import capture_tf
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.insert_gradient_all_reduces import InsertGradientAllReduces
+
+# TensorFlow and Keras are optional (the `tf` extra): imported where used.
 
 _APPLICATIONS = {"resnet50": "ResNet50", "vgg16": "VGG16", "inception_v3": "InceptionV3"}
 _IMAGE_SIDE = {"resnet50": (224, 32), "vgg16": (224, 32), "inception_v3": (299, 75)}
@@ -122,8 +125,6 @@ def build_tf_step(name: str, size: str = "tiny", batch: int = 2, seed: int = 0) 
 
 def capture_tf_step(step: TfStep, replicas: int) -> HloModule:
     """The step's HLO with one mean all-reduce over `replicas` per gradient."""
-    from disco_xla.capture import capture_tf
-
     module = capture_tf(step.fn, *step.args)
     gradients = len(step.variable_names)
     InsertGradientAllReduces(list(range(1, 1 + gradients)), replicas, step.variable_names).run(

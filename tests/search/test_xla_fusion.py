@@ -13,6 +13,7 @@ from disco_xla.runtime.apply import NO_COMBINER
 from disco_xla.runtime.xla_runner import compile_module
 from disco_xla.search.backtracking import _critical, _neighbours, critical_names
 from disco_xla.search.baselines import BASELINES, captured_baselines
+from disco_xla.search.fusion_source import compiled_fusion
 from disco_xla.search.moves import Fuse, Rebucket
 from disco_xla.search.pipeline import ROWS, Pricing, plan_module
 from disco_xla.search.xla_fusion import split_unconnected, xla_fusion_groups, xla_fusion_plan
@@ -124,7 +125,8 @@ def test_the_search_is_never_slower_than_any_baseline_and_deterministic(step_and
     profile = load_profile("v100-2x8-25g")
     prices = Pricing(profile, RooflineCostModel(profile))
     settings = OptimizeSettings(max_evaluations=60, seed=4)
-    runs = [plan_module(step, settings, prices, compiled, ablations=True) for _ in range(2)]
+    fusion = compiled_fusion(step, compiled)
+    runs = [plan_module(step, settings, prices, fusion, ablations=True) for _ in range(2)]
     first, second = runs
     assert tuple(first.results) == ROWS
     assert first.found.plan == second.found.plan
