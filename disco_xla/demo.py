@@ -170,7 +170,7 @@ def _optimize_apply_measure(module, step, args) -> int:
     report_path = os.path.join(OUTPUT_DIR, "report.html")
     # The report is headed by the profile's `name`; name it by its file, as above.
     named = dataclasses.replace(profile, name=settings.cluster)
-    write_report(report_path, module, named, comparison.results, plan)
+    write_report(report_path, module, named, comparison.results, plan, comparison.fusion.note)
     print(f"\n5. report written to {report_path} (priced with {settings.cluster})")
     # The step runs either our program or, where it measured faster, XLA's own.
     single_ok = written.equal and status.startswith(("optimized", "original: faster"))

@@ -23,9 +23,11 @@ def write_report(
     profile: ClusterProfile,
     results: dict[str, SimulationResult],
     plan: Plan,
+    fusion_note: str = "",
 ) -> None:
     """Write the page to `path`: `results` holds each simulated plan by name,
-    `xla` and `found` among them; `plan` is the found plan."""
+    `xla` and `found` among them; `plan` is the found plan; `fusion_note` says
+    where the baselines' XLA fusion came from (`fusion_source.XlaFusion.note`)."""
     xla_s = results["xla"].iteration_s
     rows = "".join(
         f"<tr><td>{html.escape(name)}</td><td>{r.iteration_s * 1e3:.3f}</td>"
@@ -51,7 +53,8 @@ def write_report(
 td:first-child,th:first-child{{text-align:left}}</style></head><body>
 <h1>{html.escape(module.name)} on {html.escape(profile.name)}</h1>
 <p>{profile.workers} workers, {html.escape(profile.execution)}; times simulated with the
-{html.escape(results["found"].cost_model)} cost model.</p>
+{html.escape(results["found"].cost_model)} cost model. Baselines from
+{html.escape(fusion_note or "no XLA fusion")}.</p>
 <table><tr><th>plan</th><th>iteration ms</th><th>vs xla</th><th>T/T_ideal</th>
 <th>exposed comm ms</th><th>buckets</th><th>kernels</th></tr>{rows}</table>
 <p>T_ideal = max(C, A) = {results["found"].ideal_s * 1e3:.3f} ms: C is the kernel time of

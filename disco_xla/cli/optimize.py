@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
             # Measured faster than the search's first choice: its plan is the one kept.
             _write_plan(plan_path, written.plan)
     if args.report:
-        write_report(args.report, module, profile, comparison.results, best.plan)
+        note = comparison.fusion.note if comparison.fusion else ""
+        write_report(args.report, module, profile, comparison.results, best.plan, note)
     report = {
         **comparison_summary(comparison),
         "cost_model": cost_model.name,

@@ -189,4 +189,5 @@ def test_optimize_to_a_module_measures_the_best_candidates_and_writes_the_fastes
     assert len(rewritten.gradient_all_reduces) == len(expected.all_reduce_buckets)
     page = report.read_text()
     assert "data:image/png;base64," in page and "bucketing-only" in page
+    assert "Baselines from\nXLA&#x27;s fusion (compiled here)" in page
     assert page.count("<tr>") >= 10
