@@ -11,7 +11,7 @@ from disco_xla.plan import verify_plan
 from disco_xla.runtime.apply import compile_separately
 from disco_xla.runtime.xla_runner import compile_module
 from disco_xla.search.baselines import BASELINES, baseline, captured_baselines
-from disco_xla.search.fusion_source import xla_fusion_of
+from disco_xla.search.fusion_source import compiled_or_why, dumped_fusion, modelled_fusion
 from disco_xla.settings import DEFAULTS
 from disco_xla.simulator.cost_models import TableCostModel, make_cost_model
 from disco_xla.simulator.events import simulate
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     results = {}
     for name in names:
         simulated_module, summary, result = _simulate_plan(
-            name, module, profile, cost_model, args.xla_dump
+            name, module, profile, cost_model, load_dump(args.xla_dump)
         )
         results[name] = result
         if args.json:
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_plan(name: str, module, profile, cost_model, dump: str | None = None):
+def _simulate_plan(name: str, module, profile, cost_model, dump=None):
     """Simulate the plan `name` (a baseline or a PLAN.json) on `module`: the
     module it runs on, its summary, and the simulation. XLA's compiles of
     `module` are made once for every baseline (`compile_module` remembers them)."""
@@ -96,18 +96,20 @@ def _simulate_plan(name: str, module, profile, cost_model, dump: str | None = No
     return module, summary, result
 
 
-def _baseline(name: str, module, profile, cost_model, dump: str | None):
+def _baseline(name: str, module, profile, cost_model, dump):
     """The baseline `name` over the modules XLA compiles here (combiner on and
     off); with XLA's `dump`, or where the module does not compile here, over the
     module itself with XLA's fusion from the dump or modelled (`fusion_source`)."""
     if name == "none":
         return baseline(name, module, None, None, profile, cost_model)
     use_devices(module)
-    fusion = xla_fusion_of(module, compile_separately, load_dump(dump))
-    if fusion.source != "compile":
+    if dump is not None:
+        return captured_baselines(module, dumped_fusion(module, dump), profile, cost_model)[name]
+    separate, why = compiled_or_why(module, compile_separately)
+    if separate is None:
+        fusion = modelled_fusion(module, why)
         return captured_baselines(module, fusion, profile, cost_model)[name]
-    combined, separate = compile_module(module), compile_separately(module)
-    return baseline(name, module, combined, separate, profile, cost_model)
+    return baseline(name, module, compile_module(module), separate, profile, cost_model)
 
 
 def _print_result(plan_name: str, module, profile, summary: dict, result) -> None:

@@ -141,13 +141,22 @@ def xla_fusion_of(
         return dumped_fusion(module, dump)
     if compile_separately is None:
         return modelled_fusion(module, "no compile asked for")
+    compiled, why = compiled_or_why(module, compile_separately)
+    return compiled_fusion(module, compiled) if compiled else modelled_fusion(module, why)
+
+
+def compiled_or_why(
+    module: HloModule, compile_separately: Callable[[HloModule], HloModule]
+) -> tuple[HloModule | None, str]:
+    """(XLA's compile of `module` here, ''), or (None, why it does not compile
+    here). An input error (what the module is, not what this host lacks) is
+    raised: it is the user's one line."""
     try:
-        compiled = compile_separately(module)
-    except DiscoInputError:  # what the module is, not what this host lacks: one line
+        return compile_separately(module), ""
+    except DiscoInputError:
         raise
     except Exception as error:  # noqa: BLE001 - XLA's errors: the module does not compile here
-        return modelled_fusion(module, f"it does not compile here: {_first_line(error)}")
-    return compiled_fusion(module, compiled)
+        return None, f"it does not compile here: {_first_line(error)}"
 
 
 def _first_line(error: BaseException) -> str:
