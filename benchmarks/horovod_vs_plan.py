@@ -1,29 +1,36 @@
-"""Horovod's tensor fusion against a disco-xla plan's buckets, on 2 Horovod ranks.
+"""Horovod's tensor fusion against a disco-xla plan's buckets, and against what
+the Horovod runtime's measured choice runs, on N Horovod ranks.
 
     .venv/bin/python benchmarks/horovod_vs_plan.py [--model bert_encoder --model vgg16]
-        [--rounds 10] [--steps 5] [--warmup 2] [--testbed loopback|netns] [--json]
+        [--ranks 2] [--rounds 10] [--steps 5] [--warmup 2] [--testbed loopback|netns]
+        [--cluster horovod-local] [--json]
 
 For each Keras zoo model (tiny size; default bert_encoder and vgg16) it captures
-the TF training step in this environment (TF 2.21) with `disco-xla capture`, runs
-`disco-xla optimize` on it for `--cluster`, and then trains the same model under
-Horovod (`.venv-horovod`, TF 2.12) with four settings:
+the TF training step for `--ranks` replicas in this environment (TF 2.21) with
+`disco-xla capture`, runs `disco-xla optimize` on it for `--cluster` (the profile
+`disco-xla calibrate --engine horovod` wrote), and then trains the same model
+under Horovod (`.venv-horovod`, TF 2.12) with five settings:
 
 - `default`: one `hvd.allreduce` per gradient, Horovod's fusion at 128 MB / 1 ms;
 - `legacy`: the same at 64 MB / 5 ms (Horovod before 0.21);
 - `none`: the same with fusion off (threshold 0);
-- `plan`: the plan's buckets, one `hvd.grouped_allreduce` each, fusion off
-  (`disco_xla.runtime.horovod.HorovodStep`).
+- `plan`: the plan's buckets, one `hvd.grouped_allreduce` each, under Horovod's
+  default fusion (`disco_xla.runtime.horovod.HorovodStep`);
+- `disco`: what the Horovod runtime runs (`MeasuredHorovodStep`): its trial on
+  the first steps picks the fastest of Horovod's own fusion, the legacy
+  setting's buckets, and the plan grouped or packed; the job's timed steps
+  come after the trial.
 
-Each setting of each round is its own 2-rank job (Horovod reads its fusion
-settings at `hvd.init()`, and re-initialising it in one process failed here, see
+Each setting of each round is its own job (Horovod reads its fusion settings at
+`hvd.init()`, and re-initialising it in one process failed here, see
 `runtime.horovod.set_fusion_environment`). Timing is paired and rotating: in round
-r the four jobs run in the order rotated by r; each job runs `--warmup` untimed
+r the five jobs run in the order rotated by r; each job runs `--warmup` untimed
 steps, then `--steps` timed ones, whose median is the round's figure for that
-setting. The table gives the median over rounds of each setting, and the median
-over rounds of (best Horovod setting of that round / plan): above 1 means the plan
-is faster.
+setting. The table gives the median over rounds of each setting, and the medians
+over rounds of (best Horovod setting of that round / plan) and (best / disco):
+above 1 means faster than Horovod's best.
 
-`--testbed netns` runs the 2 ranks in the network namespaces of
+`--testbed netns` runs 2 ranks in the network namespaces of
 `benchmarks/testbed.sh up` (1 Gbit/s veth link) instead of loopback, without
 horovodrun (which would need ssh): a Horovod rendezvous server in disco_ns0 and one
 worker per namespace with the environment horovodrun would give it (see
@@ -47,7 +54,10 @@ import time
 
 MODELS = ("bert_encoder", "vgg16", "resnet50", "inception_v3")
 DEFAULT_MODELS = ("bert_encoder", "vgg16")
-SETTINGS = ("default", "legacy", "none", "plan")
+SETTINGS = ("default", "legacy", "none", "plan", "disco")
+# The Horovod fusion each setting's job starts with: the plan's buckets and the
+# measured choice run under Horovod's default, as a user's job would.
+_FUSION_OF = {"legacy": "legacy", "none": "none"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMESPACES = (("disco_ns0", "10.77.0.1", "disco_veth0"), ("disco_ns1", "10.77.0.2", "disco_veth1"))
 RENDEZVOUS_PORT = 47293
@@ -94,11 +104,9 @@ def _worker(args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from disco_xla.errors import DiscoInputError
     from disco_xla.runtime import horovod as runtime
+    from disco_xla.runtime.horovod_plan import load_plan_buckets, match_variables
 
-    fusion = (
-        runtime.PLAN_FUSION if args.setting == "plan" else runtime.FUSION_SETTINGS[args.setting]
-    )
-    runtime.set_fusion_environment(fusion)
+    runtime.set_fusion_environment(runtime.FUSION_SETTINGS[_FUSION_OF.get(args.setting, "default")])
     if args.horovod_timeline:
         os.environ["HOROVOD_TIMELINE"] = args.horovod_timeline
     import horovod.tensorflow as hvd
@@ -109,14 +117,22 @@ def _worker(args: argparse.Namespace) -> int:
     model, inputs, labels, loss_fn = build_keras_model(args.model, rank)
     variables = model.trainable_variables
     buckets = None
-    if args.setting == "plan":
+    if args.setting in ("plan", "disco"):
         try:
-            gradients = runtime.load_plan_buckets(args.plan, args.module)
-            buckets = runtime.match_variables(gradients, variables, args.plan)
+            gradients = load_plan_buckets(args.plan, args.module)
+            buckets = match_variables(gradients, variables, args.plan)
         except DiscoInputError as error:  # refused before the first step
             print(f"error: {error}", file=sys.stderr)
             return 2
-    step = runtime.HorovodStep(loss_fn, variables, buckets, args.learning_rate)
+    if args.setting == "disco":
+        candidates = runtime.horovod_candidates(buckets, variables)
+        step = runtime.MeasuredHorovodStep(
+            loss_fn, variables, candidates, args.learning_rate, rounds=args.trial_rounds
+        )
+        while step.chosen is None:  # the trial: real steps, as a training loop runs them
+            step(inputs, labels).numpy()
+    else:
+        step = runtime.HorovodStep(loss_fn, variables, buckets, args.learning_rate)
     for _ in range(args.warmup):
         step(inputs, labels).numpy()
     times_s = []
@@ -137,9 +153,13 @@ def _worker(args: argparse.Namespace) -> int:
             "gradients": len(variables),
             "plan_buckets": None if buckets is None else [len(b) for b in buckets],
             "step_s": times_s,
+            "trial": step.measurements() if args.setting == "disco" else None,
         }
         with open(args.output, "w") as handle:
             json.dump(result, handle)
+    if args.setting == "disco" and args.verdicts:
+        with open(f"{args.verdicts}.rank{rank}.json", "w") as handle:
+            json.dump(step.measurements(), handle)
     return 0
 
 
@@ -154,12 +174,15 @@ def _run(command: list[str], timeout_s: float) -> None:
         sys.exit(f"{' '.join(command[:3])} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
 
 
-def prepare_plan(model: str, directory: str, cluster: str, budget_s: float) -> tuple[str, str]:
-    """Capture `model`'s TF step for 2 replicas and optimize it: (module, plan) paths."""
+def prepare_plan(
+    model: str, directory: str, cluster: str, budget_s: float, ranks: int = 2
+) -> tuple[str, str]:
+    """Capture `model`'s TF step for `ranks` replicas and optimize it: (module, plan)."""
     disco = os.path.join(os.path.dirname(sys.executable), "disco-xla")
-    module = os.path.join(directory, f"{model}.pb")
-    plan = os.path.join(directory, f"{model}.plan.json")
-    _run([disco, "capture", "--framework", "tf", "--model", model, "-o", module], 600)
+    module = os.path.join(directory, f"{model}.{ranks}.pb")
+    plan = os.path.join(directory, f"{model}.{ranks}.plan.json")
+    capture = [disco, "capture", "--framework", "tf", "--model", model, "--replicas", str(ranks)]
+    _run([*capture, "--batch", str(2 * ranks), "-o", module], 600)
     optimize = [disco, "optimize", module, "--cluster", cluster, "--budget-s", str(budget_s)]
     _run([*optimize, "-o", plan], 900)
     return module, plan
@@ -172,10 +195,10 @@ def _worker_arguments(model: str, setting: str, files: dict, args, output: str) 
     return arguments
 
 
-def run_loopback(worker_arguments: list[str], timeout_s: float) -> int:
+def run_loopback(worker_arguments: list[str], timeout_s: float, ranks: int = 2) -> int:
     from disco_xla.runtime.launch import launch_horovod
 
-    return launch_horovod(worker_arguments[0], worker_arguments[1:], 2, timeout_s)
+    return launch_horovod(worker_arguments[0], worker_arguments[1:], ranks, timeout_s)
 
 
 def run_netns(worker_arguments: list[str], timeout_s: float) -> int:
@@ -274,52 +297,77 @@ def _rendezvous() -> int:
         time.sleep(3600)
 
 
+HOROVOD_SETTINGS = ("default", "legacy", "none")
+
+
 def summarise(model: str, rounds: list[dict]) -> dict:
     """Median over rounds per setting (each round's figure is the median of its
-    timed steps), and the median of per-round ratios best Horovod setting / plan."""
-    medians = {s: statistics.median(r[s] for r in rounds) for s in SETTINGS}
-    horovod = [s for s in SETTINGS if s != "plan"]
-    ratios = [min(r[s] for s in horovod) / r["plan"] for r in rounds]
-    return {
+    timed steps), and the medians of per-round ratios: best Horovod setting over
+    the plan, and over what the measured choice (`disco`) runs."""
+    settings = list(rounds[0])
+    medians = {s: statistics.median(r[s] for r in rounds) for s in settings}
+    horovod = [s for s in HOROVOD_SETTINGS if s in settings]
+    best = [min(r[s] for s in horovod) for r in rounds]
+    summary = {
         "model": model,
         "rounds": len(rounds),
         "median_step_s": medians,
         "best_horovod": min(horovod, key=lambda s: medians[s]),
-        "best_horovod_over_plan_paired": statistics.median(ratios),
     }
+    for ours in ("plan", "disco"):
+        if ours in settings:
+            ratios = [b / r[ours] for b, r in zip(best, rounds, strict=True)]
+            summary[f"best_horovod_over_{ours}_paired"] = statistics.median(ratios)
+            summary[f"{ours}_rounds_at_least_best"] = sum(ratio >= 1 for ratio in ratios)
+    return summary
+
+
+def _run_job(model: str, setting: str, files: dict, args, directory: str) -> dict:
+    """One Horovod job of `setting`; rank 0's result."""
+    output = os.path.join(directory, f"{model}.{setting}.result.json")
+    arguments = _worker_arguments(model, setting, files, args, output)
+    if args.testbed == "netns":
+        code = run_netns(arguments, args.timeout_s)
+    else:
+        code = run_loopback(arguments, args.timeout_s, args.ranks)
+    if code != 0:
+        sys.exit(f"the Horovod job for {model} ({setting}) failed with exit code {code}")
+    with open(output) as handle:
+        return json.load(handle)
 
 
 def _measure(model: str, files: dict, args, directory: str) -> dict:
     """Paired, rotating rounds: one Horovod job per setting per round."""
-    run = run_netns if args.testbed == "netns" else run_loopback
-    rounds = []
+    rounds, chosen, trials = [], [], []
     details: dict = {}
+    settings = args.setting or list(SETTINGS)
     for round_index in range(args.rounds):
-        shift = round_index % len(SETTINGS)
+        shift = round_index % len(settings)
         figures = {}
-        for setting in SETTINGS[shift:] + SETTINGS[:shift]:
-            output = os.path.join(directory, f"{model}.{setting}.result.json")
-            code = run(_worker_arguments(model, setting, files, args, output), args.timeout_s)
-            if code != 0:
-                sys.exit(f"the Horovod job for {model} ({setting}) failed with exit code {code}")
-            with open(output) as handle:
-                result = json.load(handle)
+        for setting in settings[shift:] + settings[:shift]:
+            result = _run_job(model, setting, files, args, directory)
             figures[setting] = statistics.median(result["step_s"])
             details["parameter_bytes"] = result["parameter_bytes"]
             details["gradients"] = result["gradients"]
-            if setting == "plan":
+            if setting in ("plan", "disco"):
                 details["plan_buckets"] = result["plan_buckets"]
+            if setting == "disco":
+                chosen.append(result["trial"]["chosen"])
+                trials.append(result["trial"])
         rounds.append(figures)
         print(
             f"{model} round {round_index}: "
-            + ", ".join(f"{s} {figures[s] * 1e3:.2f} ms" for s in SETTINGS),
+            + ", ".join(f"{s} {figures[s] * 1e3:.2f} ms" for s in settings)
+            + (f" (disco ran {chosen[-1]})" if chosen else ""),
             file=sys.stderr,
         )
     return {
         **summarise(model, rounds),
         "parameter_bytes": details["parameter_bytes"],
         "gradients": details["gradients"],
-        "plan_buckets": details["plan_buckets"],
+        "plan_buckets": details.get("plan_buckets"),
+        "disco_chose": chosen,
+        "disco_trials": trials,
         "per_round_s": rounds,
     }
 
@@ -341,6 +389,8 @@ def main() -> int:
         parser.add_argument("--fail-rank", type=int, default=-1, help="this rank fails")
         parser.add_argument("--fail-after", type=int, default=0, help="steps before failing")
         parser.add_argument("--output", help="rank 0 writes its step times here (JSON)")
+        parser.add_argument("--trial-rounds", type=int, default=3, help="disco: timed rounds")
+        parser.add_argument("--verdicts", help="disco: each rank writes PREFIX.rankR.json")
         return _worker(parser.parse_args(sys.argv[2:]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", choices=MODELS)
@@ -348,7 +398,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per job")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--testbed", choices=["loopback", "netns"], default="loopback")
-    parser.add_argument("--cluster", default="cpu-local", help="profile the plan is made for")
+    parser.add_argument("--ranks", type=int, default=2, help="Horovod ranks (loopback)")
+    parser.add_argument(
+        "--setting", action="append", choices=SETTINGS, help="run only these (default all)"
+    )
+    parser.add_argument("--cluster", default="horovod-local", help="profile the plan is made for")
     parser.add_argument("--budget-s", type=float, default=30.0, help="search budget per model")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per Horovod job")
     parser.add_argument("--json", action="store_true")
@@ -357,26 +411,32 @@ def main() -> int:
     summaries = []
     with tempfile.TemporaryDirectory() as directory:
         for model in args.model or DEFAULT_MODELS:
-            module, plan = prepare_plan(model, directory, args.cluster, args.budget_s)
+            module, plan = prepare_plan(model, directory, args.cluster, args.budget_s, args.ranks)
             files = {"module": module, "plan": plan}
             summaries.append({"testbed": args.testbed, **_measure(model, files, args, directory)})
     load_after = os.getloadavg()[0]
     if args.json:
         print(json.dumps({"load_average_1min": [load_before, load_after], "models": summaries}))
         return 0
+    ranks = 2 if args.testbed == "netns" else args.ranks
     print(
-        f"{args.testbed}, 2 Horovod ranks (gloo), {args.rounds} paired rotating rounds, "
-        f"median of {args.steps} steps per job"
+        f"{args.testbed}, {ranks} Horovod ranks (gloo), {args.rounds} paired rotating rounds, "
+        f"median of {args.steps} steps per job; plans for {args.cluster}"
     )
-    header = f"{'model':<14}{'buckets':>8}" + "".join(f"{s:>10}" for s in SETTINGS)
-    print(header + f"{'best/plan':>11}   (median step, ms)")
+    settings = args.setting or list(SETTINGS)
+    header = f"{'model':<14}{'buckets':>8}" + "".join(f"{s:>10}" for s in settings)
+    ours = [s for s in ("plan", "disco") if s in settings]
+    print(header + "".join(f"{'best/' + s:>12}" for s in ours) + "  (median step, ms)")
     for summary in summaries:
         medians = summary["median_step_s"]
-        cells = "".join(f"{medians[s] * 1e3:>10.2f}" for s in SETTINGS)
+        cells = "".join(f"{medians[s] * 1e3:>10.2f}" for s in settings)
         buckets = len(summary["plan_buckets"])
-        ratio = summary["best_horovod_over_plan_paired"]
-        best = summary["best_horovod"]
-        print(f"{summary['model']:<14}{buckets:>8}{cells}{ratio:>10.3f}x  (best: {best})")
+        ratios = "".join(f"{summary[f'best_horovod_over_{s}_paired']:>11.3f}x" for s in ours)
+        ran = ",".join(sorted(set(summary["disco_chose"])))
+        print(
+            f"{summary['model']:<14}{buckets:>8}{cells}{ratios}"
+            f"  (best Horovod: {summary['best_horovod']}" + (f"; disco ran {ran})" if ran else ")")
+        )
     print(f"load average (1 min) before / after: {load_before:.2f} / {load_after:.2f}")
     return 0
 

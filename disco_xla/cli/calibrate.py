@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from disco_xla.cli.shared import add_keep_cpus_awake, cpus_awake_if_asked
 from disco_xla.errors import DiscoInputError
-from disco_xla.profiling import calibrate, calibrate_processes
+from disco_xla.profiling import calibrate, calibrate_horovod, calibrate_processes
 from disco_xla.profiling.boundary_cost import measure_fusion_boundary_s
 from disco_xla.simulator.profiles import SECTION_KEYS, profile_data, profile_from_dict
 
@@ -27,15 +27,26 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
         "calibrate", parents=[common], help="measure all-reduce times and fit alpha and B"
     )
+    parser.add_argument(
+        "--engine",
+        choices=["jax", "horovod"],
+        default="jax",
+        help="the runtime to time: JAX's collectives (default), or Horovod's on "
+        "--processes ranks (.venv-horovod), for the Horovod runtime's profile",
+    )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--devices", type=int, default=2, help="CPU devices in this process")
+    where.add_argument(
+        "--devices", type=int, help="CPU devices in this process (default 2; JAX only)"
+    )
     where.add_argument("--processes", type=int, help="jax.distributed processes on loopback")
     parser.add_argument("--max-bytes", type=int, default=256 * 2**20, help="largest message")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per size")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_keep_cpus_awake(parser)
     written = parser.add_mutually_exclusive_group()
-    written.add_argument("-o", "--output", default="cpu-local.yaml", help="profile to write")
+    written.add_argument(
+        "-o", "--output", help="profile to write (cpu-local.yaml, or horovod-local.yaml)"
+    )
     written.add_argument(
         "--add-to",
         metavar="PROFILE",
@@ -49,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     workers = _checked_workers(args)
     if args.add_to:
         _check_add_to(args, workers)
+    if args.engine == "horovod":
+        return _run_horovod(args, workers)
+    args.output = args.output or "cpu-local.yaml"
     # The CPU device count, before anything starts JAX's backend.
     jax.config.update("jax_num_cpu_devices", max(workers, 1) if not args.processes else 1)
     runtime, collective_steps, tuple_share, step, flops, bandwidth = _measure(args, workers)
@@ -96,11 +110,67 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_horovod(args: argparse.Namespace, workers: int) -> int:
+    """`calibrate --engine horovod`: the Horovod probe on `workers` ranks, this
+    machine's compute figures, and the profile they make."""
+    jax.config.update("jax_num_cpu_devices", 1)
+    sizes = [s for s in calibrate.SIZES_BYTES if s <= args.max_bytes]
+    quiet = args.json or not sys.stderr.isatty()
+    with tqdm(total=2, disable=quiet, desc="calibrating Horovod", leave=False) as bar:
+        figures = calibrate_horovod.measure_horovod(workers, sizes, args.repeats)
+        bar.update(1)
+        flops, bandwidth = calibrate.measure_device()
+        bar.update(1)
+    profile = calibrate_horovod.horovod_profile(figures, flops, bandwidth)
+    profile_from_dict(profile, "calibrate")
+    runtime = profile["calibration"]["runtime"]
+    args.output = args.add_to or args.output or "horovod-local.yaml"
+    if args.add_to:
+        profile = _with_section(args.add_to, profile, workers)
+    _write_profile(args.output, profile, _leading_comments(args.add_to))
+    once, per_response, per_tensor = calibrate_horovod.response_costs(figures)
+    fit = calibrate_horovod.response_fit(figures)
+    report = {
+        "engine": "horovod",
+        "workers": workers,
+        "step_once_s": once,
+        "response_s": per_response,
+        "tensor_in_response_s": per_tensor,
+        "alpha_s": fit.alpha_s,
+        "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
+        "points": fit.points,
+        "peak_flops_f32": flops,
+        "memory_bandwidth_bytes_per_s": bandwidth,
+        "profile": args.output,
+        "added_at_workers": workers if args.add_to else None,
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"Horovod all-reduce over {workers} ranks ({runtime}):")
+    print(
+        f"  a step pays {once * 1e3:.3f} ms once, each response {per_response * 1e3:.3f} ms, "
+        f"each further tensor of a response {per_tensor * 1e6:.1f} us"
+    )
+    for point in fit.points:
+        print(f"  {point['bytes']:>11,} B  adds {point['measured_s'] * 1e3:9.3f} ms")
+    print(
+        f"  fitted: alpha {fit.alpha_s * 1e6:.1f} us, B {fit.bandwidth_bytes_per_s / 1e9:.3f} GB/s"
+    )
+    verb = (
+        f"added to {args.output} for {workers} workers" if args.add_to else f"wrote {args.output}"
+    )
+    print(verb)
+    return 0
+
+
 def _checked_workers(args: argparse.Namespace) -> int:
     """The number of workers the flags ask for; a one-line error where they cannot."""
     if (args.devices or 0) < 0 or (args.processes is not None and args.processes < 2):
         raise DiscoInputError("calibrate", "--processes needs at least 2 processes")
-    workers = args.processes or args.devices
+    if args.engine == "horovod" and args.devices is not None:
+        raise DiscoInputError("calibrate", "--engine horovod runs ranks: use --processes N")
+    workers = args.processes or (2 if args.devices is None else args.devices)
     if workers < 2:
         raise DiscoInputError("calibrate", "an all-reduce needs at least 2 devices")
     if not 4096 <= args.max_bytes <= 2**31:

@@ -305,10 +305,11 @@ def bucket_rules(
         )
     if name in ("horovod", "horovod-legacy"):
         cycle_s, limit = (1e-3, 128 * MB) if name == "horovod" else (5e-3, 64 * MB)
-        return (
-            cycle_buckets(gradients, ready_s, cycle_s, limit),
-            f"{limit // MB} MB fusion buffer, {cycle_s * 1e3:.0f} ms cycle",
-        )
+        note = f"{limit // MB} MB fusion buffer, {cycle_s * 1e3:.0f} ms cycle"
+        if profile.collectives_after_compute:  # every gradient reaches Horovod in one cycle
+            ready_s = dict.fromkeys(ready_s, 0.0)
+            note += ", every gradient in one cycle (sent after the compute)"
+        return cycle_buckets(gradients, ready_s, cycle_s, limit), note
     if name == "ddp":
         return threshold_buckets(gradients, 25 * MB, first_bytes=1 * MB), (
             "25 MB buckets, the first 1 MB"

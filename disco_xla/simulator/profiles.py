@@ -12,6 +12,8 @@ A profile is a YAML file (`configs/clusters/NAME.yaml`, or any path). It gives:
   device`, is an adapter for each device;
 - `all_reduce`: `ring` or `hierarchical`;
 - optionally `overlap` (false when collectives never run beside compute),
+  `collectives_after_compute` (true when the runtime sends the gradients only
+  after the compute part, as Horovod does here),
   `communication_streams`, `compute_threads`, `efficiency` factors per op class
   for the roofline, and the host's cost of a step: `step_overhead_s` plus
   `step_buffer_s` for each argument and result buffer (both 0 unless
@@ -80,6 +82,12 @@ class ClusterProfile:
     inter_node: Link
     all_reduce: str  # 'ring' or 'hierarchical'
     overlap: bool = True
+    # True where the runtime hands the gradients to its collectives only once the
+    # compute part has finished: Horovod's ops run outside the XLA-compiled step
+    # (`runtime.horovod`). Horovod's fusion then sees every gradient in one cycle
+    # (the `horovod` baselines); with `overlap: false` the step's time is the same
+    # whether a collective runs at its place or after the compute.
+    collectives_after_compute: bool = False
     communication_streams: int = 1
     compute_threads: int = 1
     # What each tensor after the first adds to a tuple all-reduce (XLA's combined
@@ -158,6 +166,7 @@ _REQUIRED = {
 }
 _OPTIONAL = {
     "overlap": bool,
+    "collectives_after_compute": bool,
     "communication_streams": int,
     "compute_threads": int,
     "tuple_all_reduce_element_s": object,  # a number >= 0, checked below
@@ -273,6 +282,7 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
         inter_node=_link(links, "inter_node", source),
         all_reduce=data["all_reduce"],
         overlap=data.get("overlap", True),
+        collectives_after_compute=data.get("collectives_after_compute", False),
         communication_streams=data.get("communication_streams", 1),
         compute_threads=data.get("compute_threads", 1),
         tuple_all_reduce_element_s=_optional_number(

@@ -109,9 +109,18 @@ def test_calibrate_keeps_the_cpus_awake_when_asked_and_says_so(tmp_path):
     assert "--keep-cpus-awake" in yaml.safe_load(path.read_text())["calibration"]["runtime"]
 
 
-def test_calibrate_refuses_a_single_worker():
-    result = run_cli("calibrate", "--devices", "1")
-    assert result.returncode == 2 and "at least 2" in result.stderr
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (["--devices", "1"], "at least 2"),
+        (["--engine", "horovod", "--processes", "1"], "at least 2"),
+        (["--engine", "horovod", "--devices", "4"], "--engine horovod runs ranks"),
+    ],
+)
+def test_calibrate_refuses_what_it_cannot_measure(flags, problem):
+    result = run_cli("calibrate", *flags)
+    assert result.returncode == 2 and problem in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
 def test_calibrate_adds_its_figures_to_a_profile_at_their_worker_count(tmp_path):

@@ -17,13 +17,16 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import yaml
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan
-from disco_xla.runtime import horovod as runtime
+from disco_xla.runtime import horovod_plan as runtime
+from disco_xla.runtime.horovod import bucket_scale, fusion_buckets
 from disco_xla.runtime.launch import launch_horovod
-from tests.conftest import REPO_ROOT, run_cli
+from disco_xla.simulator.profiles import load_profile
+from tests.conftest import REPO_ROOT, run_cli, simulate_plans
 
 HOROVOD_VENV = os.path.join(REPO_ROOT, ".venv-horovod")
 WORKER = os.path.join(REPO_ROOT, "benchmarks", "horovod_vs_plan.py")
@@ -36,18 +39,23 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def bert_plan(tmp_path_factory) -> dict[str, str]:
-    """The tiny bert_encoder's TF step captured for 2 replicas, and its plan."""
+    """The tiny bert_encoder's TF step captured for 2 replicas, and its plan for
+    `cpu-local`, which buckets its gradients in several buckets (XLA:CPU's
+    in-step all-reduces are what that profile prices)."""
     directory = tmp_path_factory.mktemp("horovod")
     module = str(directory / "bert_encoder.pb")
-    plan = str(directory / "bert_encoder.plan.json")
     captured = run_cli("capture", "--framework", "tf", "--model", "bert_encoder", "-o", module)
     assert captured.returncode == 0, captured.stderr
+    return {"module": module, "plan": _optimized(module, "cpu-local", directory / "plan.json")}
+
+
+def _optimized(module: str, cluster: str, plan) -> str:
     optimized = run_cli(
-        "optimize", module, "--cluster", "cpu-local", "--budget-s", "5", "--max-evals", "50",
-        "-o", plan,
+        "optimize", module, "--cluster", cluster, "--budget-s", "5", "--max-evals", "50",
+        "-o", str(plan),
     )  # fmt: skip
     assert optimized.returncode == 0, optimized.stderr
-    return {"module": module, "plan": plan}
+    return str(plan)
 
 
 def _keras3_bert_variables():
@@ -103,6 +111,42 @@ def test_a_plan_for_other_variables_is_refused_with_the_names_that_differ(bert_p
         runtime.match_variables(buckets, swapped)
 
 
+def test_bucket_scales_keep_82_buckets_apart_and_scale_back_exactly():
+    scales = [bucket_scale(k) for k in range(82)]
+    assert len(set(scales)) == 82 and bucket_scale(82) == scales[0]
+    values = np.random.default_rng(0).standard_normal(10_000).astype(np.float32) * 1e3
+    values = np.concatenate([values, np.float32([1e-30, 3e26, -7.5e-20])])
+    for scale in scales:
+        # Horovod scales in the tensor's type; the average of 2 ranks is (a+b)/2.
+        pre = np.float32(scale)
+        post = np.float32(1.0 / scale / 2)
+        summed = values * pre + values[::-1] * pre
+        assert np.array_equal(summed * post, (values + values[::-1]) * np.float32(0.5))
+
+
+def test_fusion_buckets_fill_the_threshold_in_order():
+    assert fusion_buckets([40, 30, 50, 10, 200, 5], 100) == [[0, 1], [2, 3], [4], [5]]
+    assert fusion_buckets([1, 2, 3], 0) == [[0], [1], [2]]
+
+
+def test_candidates_leave_out_a_bucketing_listed_before():
+    import tensorflow as tf
+
+    from disco_xla.runtime.horovod import Candidate, horovod_candidates
+
+    variables = [tf.Variable(tf.zeros([1024])) for _ in range(3)]  # 4 KB each
+    candidates = horovod_candidates([[0, 1, 2]], variables)
+    # Under 64 MB the legacy setting's buckets are one bucket: the plan's here.
+    assert candidates == {
+        "horovod": Candidate(),
+        "horovod-legacy": Candidate(((0, 1, 2),)),
+        "plan-packed": Candidate(((0, 1, 2),), packed=True),
+    }
+    assert list(horovod_candidates([[2], [0, 1]], variables)) == [
+        "horovod", "horovod-legacy", "plan", "plan-packed",
+    ]  # fmt: skip
+
+
 def _timeline_all_reduces(path: str) -> Counter:
     """Tensor name -> number of ALLREDUCE activities in a Horovod timeline."""
     with open(path) as handle:
@@ -111,6 +155,28 @@ def _timeline_all_reduces(path: str) -> Counter:
     return Counter(
         names[e["pid"]] for e in events if e.get("ph") == "B" and e.get("name") == "ALLREDUCE"
     )
+
+
+def _responses(path: str, gap_us: int = 50) -> list[set[str]]:
+    """The tensors of each response Horovod sent, from a timeline: a response's
+    tensors start their GLOO_ALLREDUCE within microseconds of each other (0-2 us
+    here), and the next response starts once it is done (over 700 us later)."""
+    with open(path) as handle:
+        events = json.load(handle)
+    names = {e["pid"]: e["args"].get("name", "") for e in events if e.get("name") == "process_name"}
+    starts = sorted(
+        (e["ts"], names[e["pid"]])
+        for e in events
+        if e.get("ph") == "B" and e.get("name") == "GLOO_ALLREDUCE"
+    )
+    responses: list[set[str]] = []
+    last = None
+    for ts, name in starts:
+        if last is None or ts - last > gap_us:
+            responses.append(set())
+        responses[-1].add(name)
+        last = ts
+    return responses
 
 
 def _memcpy_into_fusion_buffer(path: str) -> int:
@@ -126,7 +192,7 @@ def _worker(setting: str, files: dict, directory, *extra: str) -> list[str]:
 
 
 @needs_horovod
-def test_two_ranks_under_the_plan_train_like_horovod_fusion_one_all_reduce_per_bucket(
+def test_two_ranks_under_the_plan_train_like_horovod_fusion_one_response_per_bucket(
     bert_plan, tmp_path
 ):
     plan = Plan.from_json(open(bert_plan["plan"]).read())
@@ -154,11 +220,19 @@ def test_two_ranks_under_the_plan_train_like_horovod_fusion_one_all_reduce_per_b
         assert np.array_equal(params["default", 0][name], params["default", 1][name])
         np.testing.assert_allclose(first[name], params["default", 0][name], rtol=0, atol=1e-6)
 
-    per_bucket = _timeline_all_reduces(timelines["plan"])
-    assert len(per_bucket) == len(plan.all_reduce_buckets)
-    assert set(per_bucket.values()) == {STEPS}
-    assert all(name.startswith("HorovodGroupedAllreduce") for name in per_bucket)
-    assert _memcpy_into_fusion_buffer(timelines["plan"]) == 0
+    # Each gradient is all-reduced once a step, and each bucket is one response:
+    # Horovod fuses a bucket's gradients and never two buckets, though its fusion
+    # is on (128 MB) and every bucket reaches it in the same cycle.
+    buckets = plan.all_reduce_buckets
+    assert len(buckets) >= 2
+    per_tensor = _timeline_all_reduces(timelines["plan"])
+    assert len(per_tensor) == len(variables) and set(per_tensor.values()) == {STEPS}
+    responses = _responses(timelines["plan"])
+    assert len(responses) == len(buckets) * STEPS
+    assert sorted(len(r) for r in responses) == sorted(len(b) for b in buckets) * STEPS
+    for response in responses:  # one grouped op ('..._3of20') per response
+        assert "HorovodGroupedAllreduce" in next(iter(response))
+        assert len({name.rsplit("_", 1)[0] for name in response}) == 1
     # Under Horovod's own fusion every gradient is a tensor of its own, fused by it.
     per_gradient = _timeline_all_reduces(timelines["default"])
     assert len(per_gradient) == len(variables)
@@ -205,3 +279,64 @@ def test_launch_engine_horovod_without_its_environment_is_a_one_line_error(tmp_p
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "make .venv-horovod/.installed" in result.stderr
     assert "ran" not in result.stdout
+
+
+@needs_horovod
+def test_calibrated_horovod_profile_loads_and_the_measured_choice_agrees_on_every_rank(
+    bert_plan, tmp_path
+):
+    # 1. The profile of Horovod's collectives, through the CLI.
+    profile_path = tmp_path / "horovod.yaml"
+    calibrated = run_cli(
+        "calibrate", "--engine", "horovod", "--processes", "2", "--max-bytes", "65536",
+        "--repeats", "2", "--json", "-o", str(profile_path), timeout_s=600,
+    )  # fmt: skip
+    assert calibrated.returncode == 0, calibrated.stdout[-2000:] + calibrated.stderr[-2000:]
+    report = json.loads(calibrated.stdout.strip().splitlines()[-1])
+    assert report["engine"] == "horovod" and report["workers"] == 2
+    assert [p["bytes"] for p in report["points"]] == [4096, 16384, 65536]
+    profile = load_profile(str(profile_path))
+    assert not profile.overlap and profile.collectives_after_compute
+    assert profile.all_reduce_points == tuple(
+        (p["bytes"], p["measured_s"]) for p in report["points"]
+    )
+    assert profile.step_overhead_s == pytest.approx(report["step_once_s"])
+    assert profile.tuple_all_reduce_element_s == pytest.approx(report["tensor_in_response_s"])
+    assert yaml.safe_load(profile_path.read_text())["calibration"]["engine"] == "horovod"
+
+    # 2. The search prices buckets with it: its plan is no slower than Horovod's
+    # own fusion there, which sees every gradient in one cycle.
+    simulated = simulate_plans(bert_plan["module"], str(profile_path), ["horovod"])
+    assert "every gradient in one cycle" in simulated["horovod"]["plan_note"]
+    plan = _optimized(bert_plan["module"], str(profile_path), tmp_path / "horovod.plan.json")
+    files = {"module": bert_plan["module"], "plan": plan}
+
+    # 3. The runtime's measured choice, started as a user starts a Horovod job.
+    verdicts = tmp_path / "verdict"
+    arguments = _worker("disco", files, tmp_path, "--verdicts", str(verdicts))
+    launched = run_cli(
+        "launch", "--engine", "horovod", "-n", "2", "--timeout-s", "300", WORKER,
+        *arguments, "--trial-rounds", "2", timeout_s=360,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"verdict.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0] == ranks[1]  # one verdict, from the same averaged times
+    verdict = ranks[0]
+    measured = verdict["measured_s"]
+    assert "horovod" in measured  # Horovod's own fusion always takes part
+    # The plan's buckets grouped are the legacy setting's where they are the same.
+    ran = set(measured) | set(verdict["dropped"])
+    assert ran >= {"horovod", "horovod-legacy", "plan-packed"}
+    assert not set(measured) & set(verdict["dropped"])
+    assert verdict["chosen"] == min(measured, key=lambda n: (measured[n], n != "horovod"))
+    assert measured[verdict["chosen"]] <= measured["horovod"]
+
+    # Every call of the trial was a training step that computes Horovod's own:
+    # as many steps of Horovod's own fusion give the same parameters.
+    default = _worker("default", files, tmp_path)
+    default[default.index("--steps") + 1] = str(verdict["calls"])
+    assert launch_horovod(WORKER, default, 2, timeout_s=240) == 0
+    for rank in (0, 1):
+        chosen, own = (np.load(tmp_path / f"{s}.rank{rank}.npz") for s in ("disco", "default"))
+        for name in own.files:
+            np.testing.assert_allclose(chosen[name], own[name], rtol=0, atol=1e-6)

@@ -7,12 +7,14 @@ import pytest
 from disco_xla.search.baselines import (
     BASELINES,
     MB,
+    bucket_rules,
     cycle_buckets,
     mgwfbp_buckets,
     threshold_buckets,
     unit_buckets,
     xla_cpu_buckets,
 )
+from disco_xla.simulator.profiles import load_profile
 from tests.conftest import simulate_plans
 
 GRADIENTS = [("a", 600_000), ("b", 600_000), ("c", 10 * MB), ("d", 20 * MB), ("e", 30 * MB)]
@@ -42,6 +44,21 @@ def test_horovod_sends_what_became_ready_in_each_cycle():
     assert cycle_buckets(GRADIENTS, ready, 1e-3, 128 * MB) == (("a", "b"), ("c",), ("d", "e"))
     # A small buffer splits a cycle's gradients.
     assert cycle_buckets(GRADIENTS, ready, 1e-3, 25 * MB) == (("a", "b"), ("c",), ("d",), ("e",))
+
+
+def test_horovod_after_the_compute_sees_every_gradient_in_one_cycle():
+    profile = load_profile("horovod-local")
+    assert profile.collectives_after_compute and not profile.overlap
+    ready = {"a": 0.2e-3, "b": 0.9e-3, "c": 1.5e-3, "d": 3.1e-3, "e": 3.2e-3}
+    buckets, note = bucket_rules("horovod-legacy", GRADIENTS, ready, profile)
+    assert buckets == threshold_buckets(GRADIENTS, 64 * MB) == (("a", "b", "c", "d", "e"),)
+    assert "every gradient in one cycle" in note
+    # Where collectives run as gradients become ready, the cycles split them.
+    in_step = load_profile("cpu-local")
+    assert not in_step.collectives_after_compute
+    assert bucket_rules("horovod", GRADIENTS, ready, in_step)[0] == (
+        ("a", "b"), ("c",), ("d", "e"),
+    )  # fmt: skip
 
 
 def test_mgwfbp_merges_when_waiting_costs_less_than_a_start_up():

@@ -15,7 +15,11 @@ from disco_xla.simulator.profiles import (
 )
 from tests.conftest import run_cli, simulate_plans
 
-SHIPPED = ["a100-2x8-100g", "cpu-local", "h200-1x8-nvlink", "h200-8x8-ib400", "v100-2x8-25g"]
+SHIPPED = [
+    "a100-2x8-100g", "cpu-local", "h100-32x8-eth100", "h100-32x8-ib400", "h100-128x8-ib400",
+    "h200-1x8-nvlink", "h200-8x8-ib400", "h200-32x8-ib400", "h200-128x8-ib400",
+    "horovod-local", "v100-2x8-25g",
+]  # fmt: skip
 
 
 def test_every_shipped_profile_loads():
@@ -26,6 +30,14 @@ def test_every_shipped_profile_loads():
         assert all(value > 0 for value in profile.peak_flops.values())
     assert load_profile("cpu-local").execution == "cpu-threads"
     assert load_profile("h200-8x8-ib400").workers == 64
+    assert load_profile("h200-128x8-ib400").workers == load_profile("h100-128x8-ib400").workers
+    assert load_profile("h100-128x8-ib400").workers == 1024
+    # The Ethernet's one adapter per node is shared by the node's 8 GPUs.
+    assert load_profile("h100-32x8-eth100").inter_node.shared_by_node
+    horovod = load_profile("horovod-local")
+    assert horovod.collectives_after_compute and not horovod.overlap
+    assert horovod.for_workers(4).workers == 4 and horovod.for_workers(4).all_reduce_points
+    assert not load_profile("cpu-local").collectives_after_compute
 
 
 def test_ring_formula():
@@ -99,6 +111,7 @@ def test_unknown_profile_name_lists_the_valid_ones():
         (lambda d: d.update(step_buffer_s="slow"), "step_buffer_s"),
         (lambda d: d.update(kernel_time_scale=0), "kernel_time"),
         (lambda d: d.update(worker_lag=-0.5), "worker_lag"),
+        (lambda d: d.update(collectives_after_compute="yes"), "collectives_after_compute"),
         (lambda d: d.update(calibration={"points": [{"bytes": 4096}]}), "calibration.points"),
         (
             lambda d: d.update(calibration={"collective_points": {"broadcast": [[4096, 1e-4]]}}),
