@@ -9,7 +9,7 @@ For each Keras zoo model (tiny size; default bert_encoder and vgg16) it captures
 the TF training step for `--ranks` replicas in this environment (TF 2.21) with
 `disco-xla capture`, runs `disco-xla optimize` on it for `--cluster` (the profile
 `disco-xla calibrate --engine horovod` wrote), and then trains the same model
-under Horovod (`.venv-horovod`, TF 2.12) with five settings:
+under Horovod (`.venv-horovod`, TF 2.12) with six settings:
 
 - `default`: one `hvd.allreduce` per gradient, Horovod's fusion at 128 MB / 1 ms;
 - `legacy`: the same at 64 MB / 5 ms (Horovod before 0.21);
@@ -19,14 +19,20 @@ under Horovod (`.venv-horovod`, TF 2.12) with five settings:
 - `disco`: what the Horovod runtime runs (`MeasuredHorovodStep`): its trial on
   the first steps picks the fastest of Horovod's own fusion, the legacy
   setting's buckets, and the plan grouped or packed; the job's timed steps
-  come after the trial.
+  come after the trial. The job starts under Horovod's default fusion;
+- `disco-legacy`: the same, the job started under the legacy setting. A running
+  job cannot change Horovod's cycle time, so what runs is measured under each
+  setting a user may start Horovod with.
 
 Each setting of each round is its own job (Horovod reads its fusion settings at
 `hvd.init()`, and re-initialising it in one process failed here, see
 `runtime.horovod.set_fusion_environment`). Timing is paired and rotating: in round
-r the five jobs run in the order rotated by r; each job runs `--warmup` untimed
-steps, then `--steps` timed ones, whose median is the round's figure for that
-setting. The table gives the median over rounds of each setting, and the medians
+r the jobs run in the order rotated by r (`--setting` picks some); each job runs `--warmup` untimed
+steps (for `disco`, its trial's steps count among them, and the trial runs to
+its end), then `--steps` timed ones, whose median is the round's figure for that
+setting. Give every setting the same `--warmup`, at least a trial's length (about
+25 steps): steps grew slower over a job's life here, so jobs must time the same
+steps of their run. The table gives the median over rounds of each setting, and the medians
 over rounds of (best Horovod setting of that round / plan) and (best / disco):
 above 1 means faster than Horovod's best.
 
@@ -54,10 +60,11 @@ import time
 
 MODELS = ("bert_encoder", "vgg16", "resnet50", "inception_v3")
 DEFAULT_MODELS = ("bert_encoder", "vgg16")
-SETTINGS = ("default", "legacy", "none", "plan", "disco")
+SETTINGS = ("default", "legacy", "none", "plan", "disco", "disco-legacy")
+MEASURED = ("disco", "disco-legacy")  # the measured choice, under each Horovod setting
 # The Horovod fusion each setting's job starts with: the plan's buckets and the
 # measured choice run under Horovod's default, as a user's job would.
-_FUSION_OF = {"legacy": "legacy", "none": "none"}
+_FUSION_OF = {"legacy": "legacy", "none": "none", "disco-legacy": "legacy"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMESPACES = (("disco_ns0", "10.77.0.1", "disco_veth0"), ("disco_ns1", "10.77.0.2", "disco_veth1"))
 RENDEZVOUS_PORT = 47293
@@ -117,24 +124,27 @@ def _worker(args: argparse.Namespace) -> int:
     model, inputs, labels, loss_fn = build_keras_model(args.model, rank)
     variables = model.trainable_variables
     buckets = None
-    if args.setting in ("plan", "disco"):
+    if args.setting in ("plan", *MEASURED):
         try:
             gradients = load_plan_buckets(args.plan, args.module)
             buckets = match_variables(gradients, variables, args.plan)
         except DiscoInputError as error:  # refused before the first step
             print(f"error: {error}", file=sys.stderr)
             return 2
-    if args.setting == "disco":
+    if args.setting in MEASURED:
         candidates = runtime.horovod_candidates(buckets, variables)
         step = runtime.MeasuredHorovodStep(
             loss_fn, variables, candidates, args.learning_rate, rounds=args.trial_rounds
         )
-        while step.chosen is None:  # the trial: real steps, as a training loop runs them
-            step(inputs, labels).numpy()
     else:
         step = runtime.HorovodStep(loss_fn, variables, buckets, args.learning_rate)
-    for _ in range(args.warmup):
+    # Every job times the same steps of its run: steps here grew slower over a
+    # job's life (inception_v3, 2 ranks: medians 322, 370 and 354 ms over steps
+    # 2-11, 12-21 and 22-31). The trial's steps count towards --warmup.
+    untimed = 0
+    while untimed < args.warmup or getattr(step, "chosen", "") is None:
         step(inputs, labels).numpy()
+        untimed += 1
     times_s = []
     for index in range(args.steps):
         if rank == args.fail_rank and index == args.fail_after:
@@ -153,11 +163,11 @@ def _worker(args: argparse.Namespace) -> int:
             "gradients": len(variables),
             "plan_buckets": None if buckets is None else [len(b) for b in buckets],
             "step_s": times_s,
-            "trial": step.measurements() if args.setting == "disco" else None,
+            "trial": step.measurements() if args.setting in MEASURED else None,
         }
         with open(args.output, "w") as handle:
             json.dump(result, handle)
-    if args.setting == "disco" and args.verdicts:
+    if args.setting in MEASURED and args.verdicts:
         with open(f"{args.verdicts}.rank{rank}.json", "w") as handle:
             json.dump(step.measurements(), handle)
     return 0
@@ -314,11 +324,20 @@ def summarise(model: str, rounds: list[dict]) -> dict:
         "median_step_s": medians,
         "best_horovod": min(horovod, key=lambda s: medians[s]),
     }
-    for ours in ("plan", "disco"):
+    for ours in ("plan", *MEASURED):
         if ours in settings:
             ratios = [b / r[ours] for b, r in zip(best, rounds, strict=True)]
             summary[f"best_horovod_over_{ours}_paired"] = statistics.median(ratios)
             summary[f"{ours}_rounds_at_least_best"] = sum(ratio >= 1 for ratio in ratios)
+    for ours, own in (("disco", "default"), ("disco-legacy", "legacy")):
+        if ours in settings and own in settings:  # under the same Horovod setting
+            ratios = [r[own] / r[ours] for r in rounds]
+            summary[f"{own}_over_{ours}_paired"] = statistics.median(ratios)
+    measured = [s for s in MEASURED if s in settings]
+    if measured:  # what runs, at the Horovod setting where it is fastest
+        ratios = [b / min(r[s] for s in measured) for b, r in zip(best, rounds, strict=True)]
+        summary["best_horovod_over_best_disco_paired"] = statistics.median(ratios)
+        summary["best_disco_rounds_at_least_best"] = sum(ratio >= 1 for ratio in ratios)
     return summary
 
 
@@ -349,11 +368,12 @@ def _measure(model: str, files: dict, args, directory: str) -> dict:
             figures[setting] = statistics.median(result["step_s"])
             details["parameter_bytes"] = result["parameter_bytes"]
             details["gradients"] = result["gradients"]
-            if setting in ("plan", "disco"):
+            if setting in ("plan", *MEASURED):
                 details["plan_buckets"] = result["plan_buckets"]
-            if setting == "disco":
-                chosen.append(result["trial"]["chosen"])
+            if setting in MEASURED:
+                chosen.append(f"{setting}:{result['trial']['chosen']}")
                 trials.append(result["trial"])
+                print(f"{model} {setting} trial: {json.dumps(result['trial'])}", file=sys.stderr)
         rounds.append(figures)
         print(
             f"{model} round {round_index}: "
@@ -382,7 +402,9 @@ def main() -> int:
         parser.add_argument("--plan", help="PLAN.json from `disco-xla optimize`")
         parser.add_argument("--module", help="the captured module the plan is for")
         parser.add_argument("--steps", type=int, default=5)
-        parser.add_argument("--warmup", type=int, default=2)
+        parser.add_argument(
+            "--warmup", type=int, default=2, help="untimed steps first (a trial's count)"
+        )
         parser.add_argument("--learning-rate", type=float, default=0.01)
         parser.add_argument("--save-params", help="directory for SETTING.rankR.npz")
         parser.add_argument("--horovod-timeline", help="write Horovod's timeline here")
@@ -424,14 +446,15 @@ def main() -> int:
         f"median of {args.steps} steps per job; plans for {args.cluster}"
     )
     settings = args.setting or list(SETTINGS)
-    header = f"{'model':<14}{'buckets':>8}" + "".join(f"{s:>10}" for s in settings)
-    ours = [s for s in ("plan", "disco") if s in settings]
-    print(header + "".join(f"{'best/' + s:>12}" for s in ours) + "  (median step, ms)")
+    header = f"{'model':<14}{'buckets':>8}" + "".join(f"{s:>14}" for s in settings)
+    ours = [s for s in ("plan", *MEASURED) if s in settings]
+    ours += ["best_disco"] if any(s in settings for s in MEASURED) else []
+    print(header + "".join(f"{'best/' + s:>20}" for s in ours) + "  (median step, ms)")
     for summary in summaries:
         medians = summary["median_step_s"]
-        cells = "".join(f"{medians[s] * 1e3:>10.2f}" for s in settings)
+        cells = "".join(f"{medians[s] * 1e3:>14.2f}" for s in settings)
         buckets = len(summary["plan_buckets"])
-        ratios = "".join(f"{summary[f'best_horovod_over_{s}_paired']:>11.3f}x" for s in ours)
+        ratios = "".join(f"{summary[f'best_horovod_over_{s}_paired']:>19.3f}x" for s in ours)
         ran = ",".join(sorted(set(summary["disco_chose"])))
         print(
             f"{summary['model']:<14}{buckets:>8}{cells}{ratios}"

@@ -19,6 +19,7 @@ from disco_xla.runtime.apply import compile_separately
 from disco_xla.search.fusion_source import xla_fusion_of
 from disco_xla.search.pipeline import Pricing, plan_module, pricing
 from disco_xla.search.summary import comparison_summary, format_table
+from disco_xla.search.xla_flags import XlaFlags, closest_xla_flags
 from disco_xla.settings import DEFAULTS, OptimizeSettings
 
 
@@ -67,6 +68,12 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         help="with -o PLAN.json: time the candidates on this machine as -o MODULE does, "
         "and write the plan of the fastest that computes the same",
     )
+    optimize.add_argument(
+        "--xla-flags",
+        action="store_true",
+        help="also print the XLA_FLAGS closest to the found plan (combine thresholds, the "
+        "latency-hiding scheduler) and the simulated time of the program they give",
+    )
     optimize.add_argument("--report", help="write an HTML report here")
     optimize.add_argument("--json", action="store_true")
     add_write_checks(optimize)
@@ -103,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
     if written is not None:
         report["measured"] = written.measured()
         report["written"] = written.written
+    flags = _xla_flags(module, comparison, prices) if args.xla_flags else None
+    if flags is not None:
+        report["xla_flags"] = {
+            "flags": flags.flags,
+            "thresholds": flags.thresholds,
+            "buckets": len(flags.buckets),
+            "simulated_s": flags.simulated_s,
+        }
     if args.json:
         print(json.dumps(report))
         return 0
@@ -114,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     if comparison.fusion is not None:
         print(f"baselines from {comparison.fusion.note}")
     print(format_table(comparison))
+    if flags is not None:
+        _print_flags(flags, comparison)
     print(f"wrote {plan_path}")
     if written is not None:
         print(written_line(args.output, written, "wrote" if writes_module else "measured for"))
@@ -178,6 +195,26 @@ def _search(args: argparse.Namespace, module, settings: OptimizeSettings, prices
     finally:
         for bar in bars:
             bar.close()
+
+
+def _xla_flags(module, comparison, prices: Pricing) -> XlaFlags:
+    """The XLA_FLAGS closest to the found plan, over XLA's fusion."""
+    xla_fusion = comparison.baselines["xla-nocombine"].plan  # one all-reduce per gradient
+    return closest_xla_flags(
+        module, comparison.found.plan, xla_fusion, prices.profile, prices.cost_model
+    )
+
+
+def _print_flags(flags: XlaFlags, comparison) -> None:
+    found_s = comparison.results["found"].iteration_s
+    overlap_s = comparison.results["xla-overlap"].iteration_s
+    print("XLA_FLAGS closest to the found plan (XLA's own fusion, its combiners at these")
+    print(f"thresholds, {len(flags.buckets)} buckets):")
+    print(f'  XLA_FLAGS="{flags.flags}"')
+    print(
+        f"  simulated {flags.simulated_s * 1e3:.3f} ms with these flags; found plan "
+        f"{found_s * 1e3:.3f} ms; xla-overlap {overlap_s * 1e3:.3f} ms"
+    )
 
 
 def _write_plan(path: str, plan) -> None:

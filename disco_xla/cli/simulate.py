@@ -32,9 +32,9 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         "--plan",
         action="append",
         metavar="PLAN",
-        help="a baseline (none, xla, xla-overlap, xla-nocombine, horovod, horovod-legacy, "
-        "ddp, mgwfbp, fsdp) or a PLAN.json; default none. Repeat it to simulate several "
-        "plans in one run (the module is compiled once for all baselines)",
+        help="a baseline (none, xla, xla-overlap, xla-tuned, xla-nocombine, horovod, "
+        "horovod-legacy, ddp, mgwfbp, fsdp) or a PLAN.json; default none. Repeat it to "
+        "simulate several plans in one run (the module is compiled once for all baselines)",
     )
     add_xla_dump(simulate)
     simulate.add_argument("--cost-model", choices=COST_MODELS, default=DEFAULTS.cost_model)

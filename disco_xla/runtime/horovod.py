@@ -356,7 +356,10 @@ class MeasuredHorovodStep:
             self._drop_slow()
         self._round += 1
         live = self._live()
-        if self._round >= self.rounds or len(live) == 1:
+        if len(live) == 1:  # every rank dropped the same ones: nothing to time
+            self.chosen, self.agreed_s = live[0], {}
+            return
+        if self._round >= self.rounds:
             self._choose()
             return
         shift = self._round % len(live)

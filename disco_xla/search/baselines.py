@@ -11,6 +11,13 @@
 - `xla-overlap`: as `xla`, with the latency-hiding scheduler on: on GPU profiles
   the 30 MB groups run beside compute. XLA:CPU has no asynchronous collectives,
   so on CPU profiles it is `xla`.
+- `xla-tuned`: `xla-overlap` with the combine thresholds an expert tunes by hand:
+  NVIDIA's JAX-Toolbox GPU performance guide says to try the all-reduce
+  threshold in powers of two from 16 MB up to the total gradient size, and to
+  size the reduce-scatter threshold likewise. Each kind's threshold is swept
+  over those powers of two (and XLA's default 30 MB), one kind after the other,
+  and the simulator keeps the fastest (`tuned_buckets`). XLA:CPU has no such
+  thresholds: on CPU profiles it is `xla`.
 - `xla-nocombine`: XLA's fusion, one all-reduce per gradient (on GPU profiles
   in line with compute, as `xla`).
 - `horovod`: a 128 MB fusion buffer filled every 1 ms cycle; `horovod-legacy`:
@@ -68,6 +75,7 @@ BASELINES = (
     "none",
     "xla",
     "xla-overlap",
+    "xla-tuned",
     "xla-nocombine",
     "horovod",
     "horovod-legacy",
@@ -98,6 +106,58 @@ def threshold_buckets(gradients: Gradients, limit_bytes: int, first_bytes: int |
             buckets.append([name])
             filled = size
     return tuple(tuple(b) for b in buckets)
+
+
+def threshold_sweep(total_bytes: int) -> list[int]:
+    """The thresholds NVIDIA's guide sweeps: powers of two from 16 MB up to the
+    first at least `total_bytes`, and XLA's default."""
+    sweep = {XLA_GPU_COMBINE_BYTES}
+    threshold = 16 * MB
+    while True:
+        sweep.add(threshold)
+        if threshold >= total_bytes:
+            return sorted(sweep)
+        threshold *= 2
+
+
+def kind_threshold_buckets(
+    gradients: Gradients, kinds: dict[str, str], thresholds: dict[str, int]
+) -> tuple[tuple[str, ...], ...]:
+    """XLA:GPU's combiners, one for each kind with its own threshold: a kind's
+    gradients packed in ready order up to its threshold (XLA's default where
+    `thresholds` has none), the buckets in the order their last one is ready."""
+    position = {name: index for index, (name, _) in enumerate(gradients)}
+    buckets: list[tuple[str, ...]] = []
+    for kind in sorted({kinds.get(name, "all-reduce") for name, _ in gradients}):
+        own = [(name, size) for name, size in gradients if kinds.get(name, "all-reduce") == kind]
+        buckets.extend(threshold_buckets(own, thresholds.get(kind, XLA_GPU_COMBINE_BYTES)))
+    return tuple(sorted(buckets, key=lambda bucket: position[bucket[-1]]))
+
+
+def tuned_buckets(
+    gradients: Gradients,
+    kinds: dict[str, str],
+    price: Callable[[tuple[tuple[str, ...], ...]], float],
+    more_thresholds: dict[str, list[int]] | None = None,
+) -> tuple[tuple[tuple[str, ...], ...], dict[str, int]]:
+    """The buckets and per-kind thresholds of the fastest sweep (`threshold_sweep`
+    for each kind in turn, and `more_thresholds` of that kind, the others at
+    their best so far), by `price` (the simulated step time of a bucketing; inf
+    where it cannot run)."""
+    more_thresholds = more_thresholds or {}
+    present = sorted({kinds.get(name, "all-reduce") for name, _ in gradients})
+    thresholds = dict.fromkeys(present, XLA_GPU_COMBINE_BYTES)
+    best = kind_threshold_buckets(gradients, kinds, thresholds)
+    best_s = price(best)
+    for kind in present:
+        total = sum(size for name, size in gradients if kinds.get(name, "all-reduce") == kind)
+        for threshold in sorted({*threshold_sweep(total), *more_thresholds.get(kind, ())}):
+            trial = {**thresholds, kind: threshold}
+            buckets = kind_threshold_buckets(gradients, kinds, trial)
+            seconds = price(buckets)
+            if seconds < best_s:
+                best, best_s, thresholds = buckets, seconds, trial
+    return best, thresholds
 
 
 def unit_buckets(gradients: Gradients, min_bytes: int):
@@ -201,7 +261,7 @@ def sends_tuples(name: str, profile: ClusterProfile) -> bool:
     """Whether baseline `name`'s buckets go out as tuple all-reduces, one
     message per tensor: XLA:CPU's combiner makes one tuple all-reduce; XLA:GPU's
     sends each combined group as one message."""
-    return name in ("xla", "xla-overlap") and profile.execution != "gpu-streams"
+    return name in ("xla", "xla-overlap", "xla-tuned") and profile.execution != "gpu-streams"
 
 
 def baseline(
@@ -224,7 +284,7 @@ def baseline(
         raise ValueError(f"the {name} baseline needs the module compiled by XLA")
     gpu = profile.execution == "gpu-streams"
     fusion_note = "XLA:CPU's fusion" + (" (standing in for XLA:GPU's)" if gpu else "")
-    if name in ("xla", "xla-overlap") and not gpu:
+    if name in ("xla", "xla-overlap", "xla-tuned") and not gpu:
         plan = Plan.unfused(compiled_combined)
         return Baseline(
             name, compiled_combined, plan, f"{fusion_note}, XLA:CPU's combined all-reduce"
@@ -233,7 +293,9 @@ def baseline(
     singletons = simulate(build_task_graph(compiled_separate, separate), profile, cost_model)
     ready = singletons.collective_ready_s
     gradients = gradients_in_ready_order(compiled_separate, ready)
-    buckets, note = bucket_rules(name, gradients, ready, profile, gradient_kinds(compiled_separate))
+    price = bucketing_price(compiled_separate, separate, profile, cost_model)
+    kinds = gradient_kinds(compiled_separate)
+    buckets, note = bucket_rules(name, gradients, ready, profile, kinds, price)
     return Baseline(
         name,
         compiled_separate,
@@ -241,6 +303,23 @@ def baseline(
         f"{fusion_note}, {note}",
         collectives_block_compute=gpu and name in RUN_BY_XLA,
     )
+
+
+def bucketing_price(
+    module: HloModule, plan: Plan, profile: ClusterProfile, cost_model: CostModel
+) -> Callable[[tuple[tuple[str, ...], ...]], float]:
+    """The simulated step time of `plan` with given buckets (made legal), its
+    collectives beside compute; inf where the plan cannot run."""
+
+    def price(buckets: tuple[tuple[str, ...], ...]) -> float:
+        bucketed = with_buckets(plan, legal_buckets(module, buckets))
+        try:
+            verify_plan(bucketed, module)
+        except DiscoInputError:
+            return math.inf
+        return simulate(build_task_graph(module, bucketed), profile, cost_model).iteration_s
+
+    return price
 
 
 def legal_buckets(module: HloModule, buckets) -> tuple[tuple[str, ...], ...]:
@@ -275,13 +354,15 @@ def bucket_rules(
     ready_s: dict[str, float],
     profile: ClusterProfile,
     kinds: dict[str, str] | None = None,
+    price: Callable[[tuple[tuple[str, ...], ...]], float] | None = None,
 ) -> tuple[tuple[tuple[str, ...], ...], str]:
     """The buckets baseline `name` makes of `gradients` (in ready order), and a
     note. `kinds` says which gradients are reduce-scatters (None: none are); the
-    caller cuts buckets that mix kinds (`legal_buckets`)."""
+    caller cuts buckets that mix kinds (`legal_buckets`). `xla-tuned` needs
+    `price`, the simulated step time of a bucketing."""
     gpu = profile.execution == "gpu-streams"
     kinds = kinds or {}
-    if name in ("xla", "xla-overlap") and not gpu:
+    if name in ("xla", "xla-overlap", "xla-tuned") and not gpu:
         scattered = any(kind != "all-reduce" for kind in kinds.values())
         return xla_cpu_buckets(gradients, kinds), "XLA:CPU's combined all-reduce" + (
             ", reduce-scatters one by one" if scattered else ""
@@ -297,6 +378,15 @@ def bucket_rules(
             threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES),
             "XLA:GPU's combiner modelled: up to 30 MB per all-reduce, beside compute "
             "(latency-hiding scheduler on)",
+        )
+    if name == "xla-tuned":
+        if price is None:
+            raise ValueError("the xla-tuned baseline needs a price for its sweep")
+        buckets, thresholds = tuned_buckets(gradients, kinds, price)
+        chosen = ", ".join(f"{kind} {limit // MB} MB" for kind, limit in thresholds.items())
+        return buckets, (
+            f"XLA:GPU's combiners at the swept thresholds the simulator found fastest "
+            f"({chosen}), beside compute (latency-hiding scheduler on)"
         )
     if name in ("xla-nocombine", "none"):
         note = "one all-reduce per gradient"
@@ -353,6 +443,7 @@ def captured_baselines(
     ready = singletons.collective_ready_s
     gradients = gradients_in_ready_order(module, ready)
     kinds = gradient_kinds(module)
+    price = bucketing_price(module, xla_fusion, profile, cost_model)
     baselines = {
         "none": Baseline(
             "none", module, Plan.unfused(module), "no fusion, one all-reduce per gradient"
@@ -361,7 +452,7 @@ def captured_baselines(
     for name in BASELINES:
         if name == "none":
             continue
-        buckets, note = bucket_rules(name, gradients, ready, profile, kinds)
+        buckets, note = bucket_rules(name, gradients, ready, profile, kinds, price)
         if fusion.buckets is not None and name in ("xla", "xla-overlap"):
             buckets = fusion.buckets
             note = f"XLA's {len(buckets)} all-reduces from its dump, in its order" + (

@@ -191,3 +191,25 @@ def test_optimize_to_a_module_measures_the_best_candidates_and_writes_the_fastes
     assert "data:image/png;base64," in page and "bucketing-only" in page
     assert "Baselines from\nXLA&#x27;s fusion (compiled here)" in page
     assert page.count("<tr>") >= 10
+
+
+def test_optimize_prints_the_xla_flags_closest_to_its_plan(module_files, tmp_path):
+    module, plan = module_files["jax_pmap_step"], str(tmp_path / "plan.json")
+    common = [module, "--cluster", "h100-32x8-eth100", "--max-evals", "200", "-o", plan]
+    result = run_cli("optimize", *common, "--xla-flags", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    flags = report["xla_flags"]
+    thresholds = flags["flags"].split()
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in thresholds
+    assert f"--xla_gpu_all_reduce_combine_threshold_bytes={flags['thresholds']['all-reduce']}" in (
+        thresholds
+    )
+    # The flags give XLA's fusion with its combiners: one of the programs the
+    # expert's sweep could reach, so never slower than xla-tuned's.
+    assert flags["simulated_s"] <= report["baselines"]["xla-tuned"] * (1 + 1e-9)
+    assert report["baselines"]["xla-tuned"] <= report["baselines"]["xla-overlap"] * (1 + 1e-9)
+    text = run_cli("optimize", *common, "--xla-flags")
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert f'XLA_FLAGS="{flags["flags"]}"' in text.stdout
+    assert "simulated" in text.stdout and "with these flags" in text.stdout

@@ -9,8 +9,11 @@ from disco_xla.search.baselines import (
     MB,
     bucket_rules,
     cycle_buckets,
+    kind_threshold_buckets,
     mgwfbp_buckets,
     threshold_buckets,
+    threshold_sweep,
+    tuned_buckets,
     unit_buckets,
     xla_cpu_buckets,
 )
@@ -37,6 +40,32 @@ def test_fsdp_units_close_once_they_hold_their_size():
 def test_xla_cpu_combines_all_reduces_only():
     kinds = {"a": "reduce-scatter", "c": "reduce-scatter"}
     assert xla_cpu_buckets(GRADIENTS, kinds) == (("a",), ("c",), ("b", "d", "e"))
+
+
+def test_the_expert_sweep_tries_powers_of_two_from_16_mb_to_the_total():
+    assert threshold_sweep(100 * MB) == [16 * MB, 30 * MB, 32 * MB, 64 * MB, 128 * MB]
+    assert threshold_sweep(1 * MB) == [16 * MB, 30 * MB]
+
+
+def test_each_kind_has_its_own_combiner_and_threshold():
+    kinds = {"b": "reduce-scatter", "d": "reduce-scatter"}
+    thresholds = {"all-reduce": 64 * MB, "reduce-scatter": 1 * MB}
+    # all-reduces a, c, e together; reduce-scatters b, d apart; by last member's readiness
+    assert kind_threshold_buckets(GRADIENTS, kinds, thresholds) == (
+        ("b",), ("d",), ("a", "c", "e"),
+    )  # fmt: skip
+
+
+def test_the_tuned_thresholds_are_the_ones_the_price_finds_fastest():
+    def price(buckets) -> float:  # a stand-in for the simulator: 2 buckets are best
+        return abs(len(buckets) - 2)
+
+    buckets, thresholds = tuned_buckets(GRADIENTS, {}, price)
+    assert len(buckets) == 2 and price(buckets) == 0
+    assert buckets == threshold_buckets(GRADIENTS, thresholds["all-reduce"])
+    # XLA's default (30 MB) gives 3 buckets here; the sweep moved off it.
+    assert len(threshold_buckets(GRADIENTS, 30 * MB)) == 3
+    assert thresholds["all-reduce"] != 30 * MB
 
 
 def test_horovod_sends_what_became_ready_in_each_cycle():
@@ -86,8 +115,12 @@ def test_every_baseline_simulates_on_a_captured_step(module_files, cluster):
     if cluster == "cpu-local":
         assert "combined all-reduce" in results["xla"]["plan_note"]
         assert results["xla"]["collectives"] == 1  # the loss mean is combined too
+        assert results["xla-tuned"]["buckets"] == results["xla"]["buckets"]
     else:
         assert "30 MB" in results["xla"]["plan_note"]
+        # The sweep starts from XLA's default threshold: never slower than it.
+        assert "swept thresholds" in results["xla-tuned"]["plan_note"]
+        assert results["xla-tuned"]["iteration_s"] <= results["xla-overlap"]["iteration_s"]
     for plan, summary in results.items():
         assert summary["iteration_s"] > 0 and summary["plan"] == plan
 

@@ -1,0 +1,74 @@
+"""The `XLA_FLAGS` closest to a plan, for a user who runs XLA's own program on a
+cluster disco-xla cannot reach (`disco-xla optimize --xla-flags`).
+
+XLA:GPU's flags cannot say which ops fuse, nor which gradients share a bucket.
+What they set is a combine threshold for each kind of collective and whether the
+latency-hiding scheduler runs. So the program they give is XLA's fusion, with
+each kind's gradients combined in ready order up to its threshold
+(`baselines.kind_threshold_buckets`), beside compute. Each kind's threshold is
+chosen from the sizes of the plan's own buckets of that kind and NVIDIA's sweep
+(`baselines.threshold_sweep`), by the simulated time of the program it gives
+(`baselines.tuned_buckets`). The same sizes are what the `xla-tuned` baseline
+sweeps, with the plan's bucket sizes added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from disco_xla.hlo.graph import HloModule
+from disco_xla.plan import Plan
+from disco_xla.search.baselines import (
+    bucketing_price,
+    gradient_kinds,
+    gradients_in_ready_order,
+    tuned_buckets,
+)
+from disco_xla.simulator.cost_models import CostModel
+from disco_xla.simulator.events import simulate
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import ClusterProfile
+
+THRESHOLD_FLAGS = {
+    "all-reduce": "--xla_gpu_all_reduce_combine_threshold_bytes",
+    "reduce-scatter": "--xla_gpu_reduce_scatter_combine_threshold_bytes",
+}
+SCHEDULER_FLAG = "--xla_gpu_enable_latency_hiding_scheduler=true"
+
+
+@dataclass(frozen=True)
+class XlaFlags:
+    """The flags, and the program they give as the simulator runs it."""
+
+    thresholds: dict[str, int]  # by collective kind
+    buckets: tuple[tuple[str, ...], ...]
+    simulated_s: float
+
+    @property
+    def flags(self) -> str:
+        thresholds = [f"{THRESHOLD_FLAGS[k]}={v}" for k, v in sorted(self.thresholds.items())]
+        return " ".join([*thresholds, SCHEDULER_FLAG])
+
+
+def closest_xla_flags(
+    module: HloModule,
+    plan: Plan,
+    xla_fusion: Plan,
+    profile: ClusterProfile,
+    cost_model: CostModel,
+) -> XlaFlags:
+    """The flags whose program (XLA's fusion `xla_fusion`, a plan with one
+    all-reduce per gradient; its combiners at their thresholds) simulates
+    fastest, the thresholds taken from `plan`'s bucket sizes and NVIDIA's
+    sweep."""
+    ready = simulate(build_task_graph(module, xla_fusion), profile, cost_model).collective_ready_s
+    gradients = gradients_in_ready_order(module, ready)
+    kinds = gradient_kinds(module)
+    sizes = dict(gradients)
+    plan_sizes: dict[str, list[int]] = {}
+    for bucket in plan.all_reduce_buckets:
+        kind = kinds.get(bucket[0], "all-reduce")
+        plan_sizes.setdefault(kind, []).append(sum(sizes[name] for name in bucket))
+    price = bucketing_price(module, xla_fusion, profile, cost_model)
+    buckets, thresholds = tuned_buckets(gradients, kinds, price, plan_sizes)
+    return XlaFlags(thresholds, buckets, price(buckets))
