@@ -98,6 +98,7 @@ def test_optimize_cli_writes_the_same_plan_twice_and_reports_baselines(module_fi
         "none",
         "xla",
         "xla-overlap",
+        "xla-tuned",
         "xla-nocombine",
         "horovod",
         "horovod-legacy",

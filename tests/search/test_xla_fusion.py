@@ -114,7 +114,7 @@ def test_every_baseline_is_a_legal_plan_over_the_captured_module(step_and_compil
         assert inline.iteration_s == pytest.approx(inline.compute_s + inline.comm_s)
         assert beside.exposed_comm_s < beside.comm_s
         assert beside.iteration_s < inline.iteration_s
-    tuple_names = {"xla", "xla-overlap"} if cluster == "cpu-local" else set()
+    tuple_names = {"xla", "xla-overlap", "xla-tuned"} if cluster == "cpu-local" else set()
     assert {n for n, b in baselines.items() if b.tuple_buckets} == tuple_names
     fused = baselines["xla"].plan.fusion_groups
     assert all(baselines[n].plan.fusion_groups == fused for n in BASELINES if n != "none")
