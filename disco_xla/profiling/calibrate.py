@@ -512,7 +512,6 @@ def cpu_profile(
     `psum_steps`: the measured times the fitted points were made from (recorded);
     `collectives`: the other collectives' in-step points, which the communication
     model reads, and `collective_steps` the step times they were made from."""
-    link = {"bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "latency_s": fit.alpha_s}
     return {
         "name": "cpu-local",
         "description": (
@@ -523,6 +522,20 @@ def cpu_profile(
         # their kernels on one thread pool of a thread per core, and processes
         # compete for the same cores.
         "compute_threads": max(1, (os.cpu_count() or 1) // workers),
+        **host_machine(fit, workers, flops, bandwidth),
+        "tuple_all_reduce_element_s": float(tuple_element_s),
+        **_step_cost_fields(step),
+        "calibration": _calibration_section(
+            fit, runtime, step, psum_steps, collectives, collective_steps
+        ),
+    }
+
+
+def host_machine(fit: Fit, workers: int, flops: float, bandwidth: float) -> dict:
+    """A one-node profile's device, topology, links (the ring fit's) and
+    all-reduce algorithm, for `workers` workers on this machine's CPUs."""
+    link = {"bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "latency_s": fit.alpha_s}
+    return {
         "device": {
             "name": "host CPU",
             "peak_flops": {"f32": float(flops)},
@@ -532,11 +545,6 @@ def cpu_profile(
         "topology": {"devices_per_node": workers, "nodes": 1},
         "links": {"intra_node": dict(link), "inter_node": dict(link)},
         "all_reduce": "ring",
-        "tuple_all_reduce_element_s": float(tuple_element_s),
-        **_step_cost_fields(step),
-        "calibration": _calibration_section(
-            fit, runtime, step, psum_steps, collectives, collective_steps
-        ),
     }
 
 

@@ -33,7 +33,7 @@ import os
 import tempfile
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.profiling.calibrate import Fit, fit_ring_model
+from disco_xla.profiling.calibrate import Fit, fit_ring_model, host_machine
 from disco_xla.runtime.horovod import FUSION_SETTINGS
 from disco_xla.runtime.launch import launch_horovod
 
@@ -98,7 +98,6 @@ def horovod_profile(figures: dict, flops: float, bandwidth: float) -> dict:
     once, per_response, per_tensor = response_costs(figures)
     fit = response_fit(figures)
     workers = int(figures["workers"])
-    link = {"bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "latency_s": fit.alpha_s}
     fusion = FUSION_SETTINGS["default"]
     runtime = (
         f"Horovod (gloo on loopback, {workers} ranks, fusion "
@@ -112,15 +111,7 @@ def horovod_profile(figures: dict, flops: float, bandwidth: float) -> dict:
         "compute_threads": 1,
         "overlap": False,
         "collectives_after_compute": True,
-        "device": {
-            "name": "host CPU",
-            "peak_flops": {"f32": float(flops)},
-            "memory_bandwidth_bytes_per_s": float(bandwidth),
-            "kernel_launch_s": 2.0e-6,
-        },
-        "topology": {"devices_per_node": workers, "nodes": 1},
-        "links": {"intra_node": dict(link), "inter_node": dict(link)},
-        "all_reduce": "ring",
+        **host_machine(fit, workers, flops, bandwidth),
         "tuple_all_reduce_element_s": float(per_tensor),
         "step_overhead_s": float(once),
         "calibration": {
