@@ -139,7 +139,7 @@ def _worker(args: argparse.Namespace) -> int:
     else:
         step = runtime.HorovodStep(loss_fn, variables, buckets, args.learning_rate)
     # Every job times the same steps of its run: steps here grew slower over a
-    # job's life (inception_v3, 2 ranks: medians 322, 370 and 354 ms over steps
+    # job's life (inception_v3, 2 ranks: medians 324, 360 and 354 ms over steps
     # 2-11, 12-21 and 22-31). The trial's steps count towards --warmup.
     untimed = 0
     while untimed < args.warmup or getattr(step, "chosen", "") is None:

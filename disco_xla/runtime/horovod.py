@@ -297,6 +297,7 @@ class MeasuredHorovodStep:
         self.dropped: dict[str, str] = {}
         self.times_s: dict[str, list[float]] = {name: [] for name in self.names}
         self.chosen: str | None = None
+        self.agreed_s: dict[str, float] = {}  # the medians the ranks agreed on
         self._queue: list[tuple[str, bool]] = []  # (candidate, timed) for the next calls
         self._round = -1
         self._calls = 0
@@ -357,7 +358,7 @@ class MeasuredHorovodStep:
         self._round += 1
         live = self._live()
         if len(live) == 1:  # every rank dropped the same ones: nothing to time
-            self.chosen, self.agreed_s = live[0], {}
+            self.chosen = live[0]
             return
         if self._round >= self.rounds:
             self._choose()
@@ -401,7 +402,7 @@ class MeasuredHorovodStep:
         so far (each one SGD step)."""
         return {
             "chosen": self.chosen,
-            "measured_s": dict(getattr(self, "agreed_s", {})),
+            "measured_s": dict(self.agreed_s),
             "dropped": dict(self.dropped),
             "rounds": self.rounds,
             "calls": self._calls,
