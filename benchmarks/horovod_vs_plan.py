@@ -411,7 +411,7 @@ def main() -> int:
         parser.add_argument("--fail-rank", type=int, default=-1, help="this rank fails")
         parser.add_argument("--fail-after", type=int, default=0, help="steps before failing")
         parser.add_argument("--output", help="rank 0 writes its step times here (JSON)")
-        parser.add_argument("--trial-rounds", type=int, default=3, help="disco: timed rounds")
+        parser.add_argument("--trial-rounds", type=int, default=5, help="disco: timed rounds")
         parser.add_argument("--verdicts", help="disco: each rank writes PREFIX.rankR.json")
         return _worker(parser.parse_args(sys.argv[2:]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -126,6 +126,10 @@ class HorovodStep:
     when `packed`; with `buckets=None`, one `hvd.allreduce` per gradient, left to
     Horovod's fusion. Call `hvd.init()` first; unless `broadcast=False`, the
     variables are broadcast from rank 0 on construction.
+
+    Horovod keys each collective, and its cache of responses, by the op's name;
+    the step's collectives are named under `name`, so that two steps with
+    different buckets never share a key.
     """
 
     def __init__(
@@ -136,6 +140,8 @@ class HorovodStep:
         learning_rate: float = 0.01,
         packed: bool = False,
         broadcast: bool = True,
+        name: str = "disco",
+        gradients: Callable[[Any, Any], Any] | None = None,
     ):
         # Optional dependencies, imported where used: Horovod and its TensorFlow.
         import horovod.tensorflow as hvd
@@ -153,9 +159,11 @@ class HorovodStep:
         self._tf, self._hvd = tf, hvd
         self._sizes = [int(v.shape.num_elements()) for v in self.variables]
         self._loss_fn, self._learning_rate = loss_fn, learning_rate
+        self._name = name
         jit = tf.function(jit_compile=True, autograph=False)
-        self.gradients = jit(self._gradients)
-        self._compute = jit(self._compute_fn)
+        self.gradients = gradients or jit(self._gradients)
+        # Unpacked, the compute part is the gradients: one XLA program, compiled once.
+        self._compute = jit(self._compute_fn) if self.packed else self.gradients
         self._pack = jit(self._pack_fn)
         self._unpack = jit(self._unpack_fn)
         self._update = jit(self._update_fn)
@@ -196,6 +204,10 @@ class HorovodStep:
 
     def _communicate_fn(self, tensors):
         """Average `tensors` (the gradients, or the packed buckets) over the ranks."""
+        with self._tf.name_scope(self._name):
+            return self._communicate_named(tensors)
+
+    def _communicate_named(self, tensors):
         hvd = self._hvd
         if self.buckets is None:
             return [hvd.allreduce(t, op=hvd.Average) for t in tensors]
@@ -242,6 +254,13 @@ class HorovodStep:
 # not timed again (packing a large model's gradients in XLA took 29x the
 # gradients' own compute on TF ResNet-50 here).
 _DROP_SLOWER_THAN = 2.0
+# A candidate replaces the reference only when it is faster in every timed round,
+# and its median is this fraction below the reference's. A single job's step
+# times vary by over 10% here (TF ResNet-50, 2 ranks: 300 to 338 ms for one
+# setting in two jobs), and the trial's winner among near-equals often ran slower
+# than the reference after it: a candidate no faster than the reference passes
+# 5 rounds with chance 1/32, and a wrong pick costs more than a missed gain.
+_MIN_GAIN = 0.02
 
 
 class MeasuredHorovodStep:
@@ -255,13 +274,20 @@ class MeasuredHorovodStep:
       way; a candidate whose average differs from the reference's (beyond
       `rtol` of the largest value) or raises is dropped. The step applies the
       reference's average;
-    - the next calls run each candidate once untimed (each compiles), then
+    - the next calls run each candidate once untimed (to build it: the
+      candidates share the reference's compiled gradients, and only a packed
+      one compiles a compute part of its own), then
       `rounds` rounds of one timed call each, the order rotating by one each
       round. After the first round a candidate over `_DROP_SLOWER_THAN` times the
       fastest is dropped;
-    - then the ranks average their per-candidate medians (`hvd.allreduce`), so
-      every rank reaches the same verdict, and every later call runs the
-      fastest. A tie goes to the reference.
+    - then the ranks average their per-round times (`hvd.allreduce`), so every
+      rank reaches the same verdict, and every later call runs the fastest of
+      the candidates that beat the reference in every round by a median at
+      least `_MIN_GAIN` below its own; else the reference. The other
+      candidates' steps are then released.
+
+    Each candidate's collectives are named under its name (`HorovodStep`), so
+    Horovod's response cache never confuses two candidates' tensors.
 
     `measurements()` gives each candidate's time and the choice. Call
     `hvd.init()` first; the variables are broadcast from rank 0.
@@ -273,7 +299,7 @@ class MeasuredHorovodStep:
         variables: Sequence[Any],
         candidates: Mapping[str, Candidate],
         learning_rate: float = 0.01,
-        rounds: int = 3,
+        rounds: int = 5,
         rtol: float = 1e-5,
     ):
         import horovod.tensorflow as hvd
@@ -282,22 +308,25 @@ class MeasuredHorovodStep:
             raise ValueError("at least one candidate is needed")
         self._hvd = hvd
         self.names = list(candidates)
-        self.steps = {
-            name: HorovodStep(
+        self.steps: dict[str, HorovodStep] = {}
+        for name, candidate in candidates.items():
+            reference = self.steps.get(self.names[0])
+            self.steps[name] = HorovodStep(
                 loss_fn,
                 variables,
                 candidate.buckets,
                 learning_rate,
                 packed=candidate.packed,
-                broadcast=index == 0,
+                broadcast=reference is None,
+                name=name,
+                gradients=reference.gradients if reference else None,
             )
-            for index, (name, candidate) in enumerate(candidates.items())
-        }
         self.rounds, self.rtol = rounds, rtol
         self.dropped: dict[str, str] = {}
         self.times_s: dict[str, list[float]] = {name: [] for name in self.names}
         self.chosen: str | None = None
         self.agreed_s: dict[str, float] = {}  # the medians the ranks agreed on
+        self.faster_rounds: dict[str, int] = {}  # rounds each beat the reference in
         self._queue: list[tuple[str, bool]] = []  # (candidate, timed) for the next calls
         self._round = -1
         self._calls = 0
@@ -359,6 +388,7 @@ class MeasuredHorovodStep:
         live = self._live()
         if len(live) == 1:  # every rank dropped the same ones: nothing to time
             self.chosen = live[0]
+            self.steps = {self.chosen: self.steps[self.chosen]}
             return
         if self._round >= self.rounds:
             self._choose()
@@ -366,12 +396,17 @@ class MeasuredHorovodStep:
         shift = self._round % len(live)
         self._queue = [(name, True) for name in live[shift:] + live[:shift]]
 
-    def _agreed_medians(self) -> dict[str, float]:
-        """Each live candidate's median time, averaged over the ranks."""
+    def _agreed_times(self) -> dict[str, list[float]]:
+        """Each live candidate's time in every timed round so far, averaged over
+        the ranks (a candidate's rounds are the same calls on every rank)."""
         live = [name for name in self._live() if self.times_s[name]]
-        medians = np.array([statistics.median(self.times_s[name]) for name in live])
-        averaged = self._agree(medians, self._hvd.Average, f"disco_times_{self._round}")
-        return dict(zip(live, (float(t) for t in np.asarray(averaged)), strict=True))
+        rounds = min(len(self.times_s[name]) for name in live)
+        times = np.array([self.times_s[name][:rounds] for name in live])
+        averaged = self._agree(times, self._hvd.Average, f"disco_times_{self._round}")
+        return {name: [float(t) for t in row] for name, row in zip(live, averaged, strict=True)}
+
+    def _agreed_medians(self) -> dict[str, float]:
+        return {name: statistics.median(t) for name, t in self._agreed_times().items()}
 
     def _agree(self, values, op, name: str) -> np.ndarray:
         """`values` reduced over the ranks with `op`: the same array on every rank."""
@@ -388,13 +423,32 @@ class MeasuredHorovodStep:
                 self.dropped[name] = f"{seconds / fastest:.1f}x the fastest in the first round"
 
     def _choose(self) -> None:
-        medians = self._agreed_medians()
+        """The verdict, from the times every rank agreed on: a candidate
+        replaces the reference only when it was faster in every timed round and
+        its median is at least `_MIN_GAIN` below the reference's; the fastest
+        such one runs."""
+        times = self._agreed_times()
+        medians = {name: statistics.median(t) for name, t in times.items()}
         self.agreed_s = medians
-        self.chosen = min(medians, key=lambda name: (medians[name], name != self.names[0]))
+        reference = self.names[0]
+        self.faster_rounds = {
+            name: sum(t < r for t, r in zip(times[name], times[reference], strict=True))
+            for name in times
+            if name != reference
+        }
+        clearly_faster = [
+            name
+            for name, faster in self.faster_rounds.items()
+            if faster == len(times[reference])
+            and medians[name] <= (1.0 - _MIN_GAIN) * medians[reference]
+        ]
+        self.chosen = min(clearly_faster, key=medians.__getitem__, default=reference)
+        self.steps = {self.chosen: self.steps[self.chosen]}
         if self._hvd.rank() == 0:
-            times = ", ".join(f"{name} {seconds * 1e3:.2f} ms" for name, seconds in medians.items())
+            times_ms = ", ".join(f"{name} {t * 1e3:.2f} ms" for name, t in medians.items())
             dropped = "".join(f"; {name} dropped: {why}" for name, why in self.dropped.items())
-            print(f"disco-xla: Horovod step runs {self.chosen} ({times}{dropped})", file=sys.stderr)
+            verdict = f"disco-xla: Horovod step runs {self.chosen} ({times_ms}{dropped})"
+            print(verdict, file=sys.stderr)
 
     def measurements(self) -> dict:
         """Each candidate's median time over the ranks (seconds), why any was
@@ -403,6 +457,7 @@ class MeasuredHorovodStep:
         return {
             "chosen": self.chosen,
             "measured_s": dict(self.agreed_s),
+            "faster_rounds": dict(self.faster_rounds),
             "dropped": dict(self.dropped),
             "rounds": self.rounds,
             "calls": self._calls,

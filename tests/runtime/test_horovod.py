@@ -23,7 +23,7 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan
 from disco_xla.runtime import horovod_plan as runtime
-from disco_xla.runtime.horovod import bucket_scale, fusion_buckets
+from disco_xla.runtime.horovod import _MIN_GAIN, bucket_scale, fusion_buckets
 from disco_xla.runtime.launch import launch_horovod
 from disco_xla.simulator.profiles import load_profile
 from tests.conftest import REPO_ROOT, run_cli, simulate_plans
@@ -227,6 +227,7 @@ def test_two_ranks_under_the_plan_train_like_horovod_fusion_one_response_per_buc
     assert len(buckets) >= 2
     per_tensor = _timeline_all_reduces(timelines["plan"])
     assert len(per_tensor) == len(variables) and set(per_tensor.values()) == {STEPS}
+    assert all("disco" in name.split("/") for name in per_tensor)  # the step's own keys
     responses = _responses(timelines["plan"])
     assert len(responses) == len(buckets) * STEPS
     assert sorted(len(r) for r in responses) == sorted(len(b) for b in buckets) * STEPS
@@ -313,7 +314,10 @@ def test_calibrated_horovod_profile_loads_and_the_measured_choice_agrees_on_ever
 
     # 3. The runtime's measured choice, started as a user starts a Horovod job.
     verdicts = tmp_path / "verdict"
-    arguments = _worker("disco", files, tmp_path, "--verdicts", str(verdicts))
+    timeline = str(tmp_path / "disco.timeline.json")
+    arguments = _worker(
+        "disco", files, tmp_path, "--verdicts", str(verdicts), "--horovod-timeline", timeline
+    )
     launched = run_cli(
         "launch", "--engine", "horovod", "-n", "2", "--timeout-s", "300", WORKER,
         *arguments, "--trial-rounds", "2", timeout_s=360,
@@ -328,8 +332,18 @@ def test_calibrated_horovod_profile_loads_and_the_measured_choice_agrees_on_ever
     ran = set(measured) | set(verdict["dropped"])
     assert ran >= {"horovod", "horovod-legacy", "plan-packed"}
     assert not set(measured) & set(verdict["dropped"])
-    assert verdict["chosen"] == min(measured, key=lambda n: (measured[n], n != "horovod"))
+    # Only a candidate faster in every round, by a clear median, replaces it.
+    assert set(verdict["faster_rounds"]) == set(measured) - {"horovod"}
+    clearly_faster = [
+        name
+        for name, rounds in verdict["faster_rounds"].items()
+        if rounds == verdict["rounds"] and measured[name] <= (1 - _MIN_GAIN) * measured["horovod"]
+    ]
+    assert verdict["chosen"] == min(clearly_faster, key=measured.get, default="horovod")
     assert measured[verdict["chosen"]] <= measured["horovod"]
+    # Each candidate's collectives have keys of their own in Horovod's cache.
+    scopes = {part for name in _timeline_all_reduces(timeline) for part in name.split("/")}
+    assert scopes >= set(measured) | {"horovod-legacy", "plan-packed"}
 
     # Every call of the trial was a training step that computes Horovod's own:
     # as many steps of Horovod's own fusion give the same parameters.
