@@ -20,7 +20,11 @@ formulas' ratios, so that a calibrated all-reduce calibrates them too:
 - collective-permute and collective-broadcast send the whole buffer once,
   alpha + S/B on a ring: the all-reduce time · p / (2(p-1)), which matches the
   bandwidth term exactly and puts p·alpha for the latency.
-Every collective spans the profile's workers, as the all-reduce does. Where a
+A collective spans the profile's workers, unless its device groups say it spans
+fewer (`group_profile`): a module captured at the profile's worker count, on a
+mesh, has collectives over one axis (an FSDP all-gather over the 8 devices of a
+node, a gradient all-reduce over one device in each node), and each is priced
+over the nodes and devices its group holds. Where a
 one-node profile carries measured times for a collective
 (`ClusterProfile.collective_points`, written by `disco-xla calibrate`), its time
 is read off them as the all-reduce's is off its own points (below), and the
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 
 from disco_xla.simulator.profiles import ClusterProfile, Link
@@ -124,13 +129,48 @@ _SHARE_OF_ALL_REDUCE: dict[str, Callable[[int], float]] = {
 COLLECTIVE_KINDS = tuple(_SHARE_OF_ALL_REDUCE)
 
 
+def group_profile(
+    profile: ClusterProfile, group: tuple[int, ...], module_devices: int
+) -> ClusterProfile:
+    """The profile of the devices of one collective group: `group` holds the
+    device ids of one of its groups (() when one group holds every device) in a
+    module of `module_devices` devices. Device d sits on node
+    d // devices_per_node, as XLA assigns devices in order, so the group spans
+    the nodes its ids fall on, with as many devices on each as the most it has
+    on one. The groups of a collective run at once (one per FSDP shard, say),
+    so where one adapter serves a node, its devices share it as before. Only a
+    module of the profile's own worker count is mapped this way;
+    otherwise (a step captured on a few devices and priced at many) the
+    collective spans every worker."""
+    if not group or module_devices != profile.workers or len(group) >= profile.workers:
+        return profile
+    per_node = profile.devices_per_node
+    on_node: dict[int, int] = {}
+    for device in group:
+        on_node[device // per_node] = on_node.get(device // per_node, 0) + 1
+    inside = max(on_node.values())
+    link = profile.inter_node
+    if link.shared_by_node:
+        # The node's other groups run their collectives at the same time through
+        # the same adapter: each device still gets 1/devices_per_node of it.
+        link = Link(link.bandwidth_bytes_per_s * inside / per_node, link.latency_s, True)
+    return replace(profile, nodes=len(on_node), devices_per_node=inside, inter_node=link)
+
+
 def collective_s(
-    kind: str, size_bytes: float, profile: ClusterProfile, all_reduce: CommCostFn = all_reduce_s
+    kind: str,
+    size_bytes: float,
+    profile: ClusterProfile,
+    all_reduce: CommCostFn = all_reduce_s,
+    group: tuple[int, ...] = (),
+    module_devices: int = 0,
 ) -> float:
     """The time of collective `kind` (`collectives.collective_kind`) on a buffer of
-    `size_bytes`: read off the profile's measured points for that kind when it
+    `size_bytes` over the devices of `group` (`group_profile`; () for every
+    worker): read off the profile's measured points for that kind when it
     has them and `all_reduce` is the profile's own model, else from the
     all-reduce model `all_reduce` by the ring ratios."""
+    profile = group_profile(profile, group, module_devices)
     if size_bytes <= 0 or profile.workers <= 1:
         return 0.0
     points = profile.collective_points.get(kind) if profile.nodes == 1 else None

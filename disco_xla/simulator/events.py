@@ -3,7 +3,8 @@
 Two execution models, chosen by the profile:
 
 - `gpu-streams`: one in-order compute stream runs the kernels in a topological
-  order; buckets run in plan order on the communication stream(s), each starting
+  order; buckets run on the communication stream(s) in the order their gradients
+  are produced (plan order among ties: `streams.issue_order`), each starting
   when all its gradients are produced and its stream is free; a kernel that reads
   an all-reduce result waits for its bucket. A bucket of several gradients costs
   a concatenation copy before it and a split copy after it on the compute stream
@@ -23,7 +24,9 @@ Two execution models, chosen by the profile:
 Time is counted in integer picoseconds (durations rounded once), so sums are
 exact. Iteration time is the finish time of the last task. Exposed communication is the
 time communication runs while no compute does. T_ideal = max(C, A), C the sum of
-kernel times, A one all-reduce of every gradient byte. The critical path and the
+kernel times, A every gradient byte sent as one message (one for each kind and
+device group the gradients are reduced over: one all-reduce in a data-parallel
+step). The critical path and the
 collectives' ready times are worked out when first read (the search reads the
 path of a few plans only). `trace` writes the events as a Chrome trace or a
 Gantt chart.
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import gc
 import heapq
-from itertools import accumulate, chain, compress, repeat
+from itertools import accumulate, chain, repeat
 from operator import attrgetter, itemgetter
 
 import numpy as np
@@ -91,9 +94,11 @@ def communication_ps(
     comm_cost: CommCostFn,
     tuple_element_bytes: tuple[int, ...] = (),
     kind: str = ALL_REDUCE,
+    group: tuple[tuple[int, ...], int] = ((), 0),
 ) -> tuple[int, int]:
     """(transfer, one copy) of a communication task, in picoseconds: collective
-    `kind` (`comm.collective_s`) of `size_bytes`. A bucket of
+    `kind` (`comm.collective_s`) of `size_bytes` over the devices of `group`
+    (`TaskGraph.communication_group`). A bucket of
     several gradients sent as one message pays a concatenation before and a split
     after, each reading and writing its bytes at memory bandwidth, plus a launch.
     A tuple all-reduce (`tuple_element_bytes`, one size per tensor) copies
@@ -107,12 +112,15 @@ def communication_ps(
     sum of its tensors. Each collective, a tuple once, also pays the profile's
     `collective_message_s` (0 unless learned from measured steps, as is a
     learned tuple tensor cost: `step_time_fit`)."""
+
+    def priced_s(size: float) -> float:
+        return collective_s(kind, size, profile, comm_cost, *group)
+
     if tuple_element_bytes:
         ordered = sorted(tuple_element_bytes)
-        fixed_s = collective_s(kind, 1, profile, comm_cost)
-        transfer_s = collective_s(kind, ordered[-1], profile, comm_cost) + sum(
-            max(0.0, collective_s(kind, size, profile, comm_cost) - fixed_s)
-            for size in ordered[:-1]
+        fixed_s = priced_s(1)
+        transfer_s = priced_s(ordered[-1]) + sum(
+            max(0.0, priced_s(size) - fixed_s) for size in ordered[:-1]
         )
         extra_s = (len(ordered) - 1) * profile.tuple_all_reduce_element_s
         extra_s += profile.collective_message_s
@@ -122,7 +130,7 @@ def communication_ps(
         if members > 1
         else 0.0
     )
-    transfer_s = collective_s(kind, size_bytes, profile, comm_cost) + profile.collective_message_s
+    transfer_s = priced_s(size_bytes) + profile.collective_message_s
     return to_ps(transfer_s), to_ps(copy_s)
 
 
@@ -131,16 +139,18 @@ def graph_communication_ps(
 ) -> tuple[list[int], list[int]]:
     """`communication_ps` of every communication task of `graph`: (transfer
     times, copy times). The cost depends only on (bytes, several members or one,
-    tuple element sizes, kind), so it is computed once per distinct such key. A
+    tuple element sizes, kind, device group), so it is computed once per distinct such key. A
     task in a loop body counts every trip (`TaskGraph.communication_runs`)."""
     communications = graph.communications
     elements = graph.tuple_element_bytes[: len(communications)]
     elements = elements + [()] * (len(communications) - len(elements))
     several = map((1).__lt__, map(len, map(itemgetter(2), communications)))
     kinds = list(map(graph.communication_kind, range(len(communications))))
-    keys = list(zip(map(itemgetter(1), communications), several, elements, kinds, strict=True))
+    groups = list(map(graph.communication_group, range(len(communications))))
+    sizes = map(itemgetter(1), communications)
+    keys = list(zip(sizes, several, elements, kinds, groups, strict=True))
     costs = {
-        key: communication_ps(key[0], 2 if key[1] else 1, profile, comm_cost, key[2], key[3])
+        key: communication_ps(key[0], 2 if key[1] else 1, profile, comm_cost, *key[2:])
         for key in dict.fromkeys(keys)
     }
     found = list(map(costs.__getitem__, keys))
@@ -148,6 +158,23 @@ def graph_communication_ps(
     copy_ps = list(map(itemgetter(1), found))
     runs = graph.communication_runs
     return times_runs(transfer_ps, runs), times_runs(copy_ps, runs)
+
+
+def _gradients_as_one_s(
+    graph: TaskGraph, sent_bytes: list[int], profile: ClusterProfile, comm_cost: CommCostFn
+) -> float:
+    """T_ideal's communication part: every gradient byte sent as one message,
+    one for each kind and device group the gradients are reduced over (one
+    all-reduce of them all in a data-parallel step)."""
+    together: dict[tuple, int] = {}
+    for task, sent in enumerate(sent_bytes):
+        if graph.is_bucket[task]:
+            key = (graph.communication_kind(task), graph.communication_group(task))
+            together[key] = together.get(key, 0) + sent
+    return sum(
+        collective_s(kind, size, profile, comm_cost, *group)
+        for (kind, group), size in together.items()
+    )
 
 
 def _simulate(
@@ -179,9 +206,9 @@ def _simulate(
     sent_bytes = times_runs(
         list(map(itemgetter(1), graph.communications)), graph.communication_runs
     )
-    gradient_bytes = sum(compress(sent_bytes, graph.is_bucket))
     compute_bound = sum(kernel_ps) / PS_PER_S if ideal_compute_s is None else ideal_compute_s
-    ideal = max(compute_bound, comm_cost(gradient_bytes, profile)) + step_ps / PS_PER_S
+    ideal = max(compute_bound, _gradients_as_one_s(graph, sent_bytes, profile, comm_cost))
+    ideal += step_ps / PS_PER_S
     iteration_s = iteration_ps / PS_PER_S
     return SimulationResult(
         iteration_s=iteration_s,

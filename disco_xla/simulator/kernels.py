@@ -39,8 +39,8 @@ from disco_xla.plan import Plan
 from disco_xla.simulator.module_index import ModuleIndex, module_index
 from disco_xla.simulator.plan_kernels import (
     CollectiveInfo,
+    bucket_waits,
     kernel_order,
-    kernel_predecessors,
     module_collectives,
     order_priorities,
     plan_kernels,
@@ -169,10 +169,18 @@ class TaskGraph:
     # Per communication task: the collective's kind (`collectives.collective_kind`);
     # missing entries are all-reduces (every gradient bucket is one).
     communication_kinds: list[str] = field(default_factory=list)
+    # Per communication task: (one device group, the devices of all its groups)
+    # when its groups split the devices (`comm.group_profile`); missing entries
+    # span every device.
+    communication_groups: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
 
     def communication_kind(self, communication: int) -> str:
         kinds = self.communication_kinds
         return kinds[communication] if communication < len(kinds) else "all-reduce"
+
+    def communication_group(self, communication: int) -> tuple[tuple[int, ...], int]:
+        groups = self.communication_groups
+        return groups[communication] if communication < len(groups) else ((), 0)
 
     def tuple_elements(self, communication: int) -> tuple[int, ...]:
         """The tensor sizes of communication task `communication` if it is a tuple
@@ -297,7 +305,7 @@ def build_task_graph(
     dependencies = _task_dependencies(index, task_of_atom, kernel_count + len(comms.communications))
     order = kernel_order(
         order_priorities(plan_kernel_parts, len(plan.fusion_groups)),
-        kernel_predecessors(plan_kernel_parts),
+        bucket_waits(plan_kernel_parts, plan.all_reduce_buckets, collectives.gradient_info),
     )
     renumber = {old: new for new, old in enumerate(order)}
     renumber.update({t: t for t in range(kernel_count, len(dependencies))})
@@ -322,6 +330,7 @@ def build_task_graph(
         kernel_runs,
         comms.runs,
         comms.kinds,
+        comms.groups,
     )
 
 
@@ -339,6 +348,7 @@ class _CommunicationTasks:
         self.tuple_element_bytes: list[tuple[int, ...]] = []
         self.runs: list[int] = []
         self.kinds: list[str] = []
+        self.groups: list[tuple[tuple[int, ...], int]] = []
 
     def add_bucket(self, bucket: tuple[str, ...], tuple_buckets: bool) -> None:
         task = self.kernel_count + len(self.communications)
@@ -350,6 +360,7 @@ class _CommunicationTasks:
         self.communications.append((label, sum(info.size for info in infos), tuple(bucket)))
         self.runs.append(infos[0].runs)  # a bucket's gradients share their computation
         self.kinds.append(infos[0].kind)  # one kind a bucket
+        self.groups.append((infos[0].group, infos[0].devices))  # and one device group
         self.is_bucket.append(True)
         if len(bucket) == 1:
             self.tuple_element_bytes.append(infos[0].elements)
@@ -367,6 +378,7 @@ class _CommunicationTasks:
         self.communications.append((label, info.size, (instr.name,)))
         self.runs.append(info.runs)
         self.kinds.append(info.kind)
+        self.groups.append((info.group, info.devices))
         self.is_bucket.append(False)
         self.tuple_element_bytes.append(info.elements)
 

@@ -16,7 +16,7 @@ import weakref
 from itertools import repeat
 from typing import NamedTuple
 
-from disco_xla.hlo.collectives import collective_bytes, collective_kind
+from disco_xla.hlo.collectives import collective_bytes, collective_kind, device_groups
 from disco_xla.hlo.graph import Instruction
 from disco_xla.simulator.module_index import CallKey, ModuleIndex
 
@@ -122,6 +122,35 @@ def kernel_predecessors(kernels: PlanKernels) -> list[set[int]]:
     return predecessors
 
 
+def bucket_waits(
+    kernels: PlanKernels, buckets, gradient_info: dict[str, CollectiveInfo]
+) -> list[set[int]]:
+    """`kernel_predecessors` with the waits a plan's buckets add: a kernel that
+    reads one gradient of a bucket of several waits for the producers of all of
+    them, since the bucket is sent once they are all produced. Without these,
+    the in-order compute stream could run a reader before another member's
+    producer (in a loop body, whose kernel order places readers of collectives
+    late but not after every producer), and neither could then go on."""
+    predecessors = kernel_predecessors(kernels)
+    kernel_of_atom = kernels.kernel_of_atom
+    producers_of_atom: dict[int, set[int]] = {}
+    for bucket in buckets:
+        if len(bucket) < 2:
+            continue
+        infos = [gradient_info[name] for name in bucket]
+        producers = {kernel_of_atom[a] for info in infos for a in info.producer_atoms}
+        for info in infos:
+            for atom in info.atoms:
+                producers_of_atom[atom] = producers
+    if producers_of_atom:
+        for kernel, part in enumerate(kernels.parts):
+            for atom in part.reads:
+                found = producers_of_atom.get(atom)
+                if found:
+                    predecessors[kernel].update(found - {kernel})
+    return predecessors
+
+
 def order_priorities(kernels: PlanKernels, group_count: int) -> list[int]:
     """Each kernel's priority in the order, lowest first: whether it reads a
     collective, its kernel rank, its group's place in the plan, its call key
@@ -171,6 +200,8 @@ class CollectiveInfo(NamedTuple):
     elements: tuple[int, ...]  # tensor sizes of a tuple collective, else ()
     runs: int  # how many times it runs in one step (`ModuleIndex.runs`)
     kind: str  # `collectives.collective_kind`
+    group: tuple[int, ...] = ()  # one of its device groups, () when one holds all
+    devices: int = 0  # the devices its groups hold together (with `group`)
 
 
 class Collectives(NamedTuple):
@@ -223,7 +254,18 @@ def collective_info(index: ModuleIndex, atoms: list[int]) -> CollectiveInfo:
         tuple_element_sizes(instr),
         sum(index.instance_runs(*index.atoms[atom]) for atom in atoms),
         collective_kind(instr),
+        *_first_group(instr),
     )
+
+
+def _first_group(instr: Instruction) -> tuple[tuple[int, ...], int]:
+    """(one device group, the devices of all its groups) of a collective whose
+    groups split the devices into several; ((), 0) when one group holds them
+    all, or when the groups are written in a form without device ids."""
+    groups = device_groups(instr.proto)
+    if len(groups) < 2 or not all(isinstance(g, tuple) for g in groups):
+        return (), 0
+    return tuple(groups[0]), sum(len(g) for g in groups)
 
 
 def tuple_element_sizes(instr: Instruction) -> tuple[int, ...]:

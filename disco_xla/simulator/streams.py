@@ -26,6 +26,7 @@ kernel.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import NoReturn, Protocol
 
@@ -48,17 +49,22 @@ def bucket_streams(is_bucket: Iterable[bool], streams: int) -> list[int]:
 
 
 def issue_order(
-    last_producer: list[int], comm_waits: list[list[int]], bucket_count: int
+    last_producer: list[int],
+    comm_waits: list[list[int]],
+    bucket_count: int,
+    first_reader: list[float] | None = None,
 ) -> list[int]:
     """The order in which the `gpu-streams` model issues communication tasks
     (tasks 0..bucket_count-1 are the plan's buckets, the rest other collectives):
-    buckets in plan order, the others by when they can start, merged. A task can
-    start after its last producing kernel and the tasks it reads: its readiness
-    is the larger of those positions, and its depth counts the tasks it reads in
-    a chain. Others go by (readiness, depth); the merge takes the other first when
-    it ranks lower than the next bucket, so no kernel waits for a collective that
-    sits behind one it has not yet produced the inputs of (an all-gather of the
-    forward pass before the gradient buckets, a psum the gradients read)."""
+    buckets in plan order (`_readable_order`), the others by when they can
+    start, merged. A task can start after its last producing kernel and the
+    tasks it reads: its readiness is the larger of those positions, and its
+    depth counts the tasks it reads in a chain. Others go by (readiness, depth);
+    the merge takes the other first when it ranks lower than the next bucket, so
+    no kernel waits for a collective that sits behind one it has not yet
+    produced the inputs of (an all-gather of the forward pass before the
+    gradient buckets, a psum the gradients read). `first_reader[c]`: the
+    position of the first kernel that reads task c (inf: none)."""
     count = len(last_producer)
     ready: list[int | None] = [None] * count
     depth = [0] * count
@@ -77,11 +83,12 @@ def issue_order(
             ready[c] = max([last_producer[c]] + [ready[d] for d in known])
             depth[c] = 1 + max((depth[d] for d in known), default=-1)
             stack.pop()
+    buckets = _readable_order(bucket_count, ready, first_reader)
     others = sorted(range(bucket_count, count), key=lambda c: (ready[c], depth[c], c))
     if not others or bucket_count == 0:
-        return list(range(bucket_count)) + others
+        return buckets + others
     order, next_other = [], 0
-    for bucket in range(bucket_count):
+    for bucket in buckets:
         key = (ready[bucket], depth[bucket])
         while next_other < len(others) and (
             (ready[others[next_other]], depth[others[next_other]]) < key
@@ -90,6 +97,35 @@ def issue_order(
             next_other += 1
         order.append(bucket)
     return order + others[next_other:]
+
+
+def _readable_order(bucket_count: int, ready: list, first_reader: list[float] | None) -> list[int]:
+    """The buckets in plan order, unless that order would have a kernel wait for
+    a bucket queued behind one whose gradients it comes before (in a loop body,
+    the kernel order can put a gradient's producer after the update that reads
+    a later bucket: the Llama FSDP step's backward scan computes its first
+    norm's gradient last). Bucket a must then go before bucket b wherever
+    b is ready no earlier than a's first reader; since a's reader comes after
+    a is ready, those constraints follow readiness and never cycle. The fix
+    takes, each time, the first bucket in plan order that no remaining bucket
+    must precede."""
+    order = list(range(bucket_count))
+    if first_reader is None:
+        return order
+    latest = -1
+    for bucket in order:  # the common case: plan order is fine
+        if latest >= first_reader[bucket]:
+            break
+        latest = max(latest, ready[bucket])
+    else:
+        return order
+    remaining, placed = order, []
+    while remaining:
+        for index, bucket in enumerate(remaining):
+            if all(ready[bucket] < first_reader[a] for a in remaining if a != bucket):
+                placed.append(remaining.pop(index))
+                break
+    return placed
 
 
 class StreamRecorder(Protocol):
@@ -143,8 +179,12 @@ def streams_iteration_ps(
     Raises RuntimeError (`raise_no_progress`) where a task can never start."""
     comms = len(comm_ps)
     original = None  # the caller's number of each task, when renumbered
-    if bucket_count is not None and bucket_count < comms:
-        order = issue_order(last_producer, comm_waits, bucket_count)
+    if bucket_count is not None:
+        first_reader: list[float] = [math.inf] * comms
+        for position, read in waits.items():
+            for c in read:
+                first_reader[c] = min(first_reader[c], position)
+        order = issue_order(last_producer, comm_waits, bucket_count, first_reader)
         if order != list(range(comms)):
             original = order
             place = [0] * comms

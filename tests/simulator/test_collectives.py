@@ -192,3 +192,60 @@ def test_simulate_and_optimize_work_on_a_module_with_every_collective(module, tm
         "--json",
     )
     assert done.returncode == 0, done.stderr
+
+
+NODE_GROUPS = "replica_groups={{0,1,2,3,4,5,6,7},{8,9,10,11,12,13,14,15}}"
+ACROSS_GROUPS = "replica_groups=" + "{" + ",".join(f"{{{d},{d + 8}}}" for d in range(8)) + "}"
+MESH = """HloModule mesh, replica_count=16
+
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[65536] parameter(0)
+  w = f32[524288] parameter(1)
+  gathered = f32[524288] all-gather(x), NODE_GROUPS, dimensions={0}
+  y = f32[524288] multiply(gathered, w)
+  across = f32[524288] all-reduce(y), ACROSS_GROUPS, to_apply=sum
+  everyone = f32[524288] all-reduce(across), replica_groups={}, to_apply=sum
+  ROOT out = f32[524288] add(everyone, w)
+}
+""".replace("NODE_GROUPS", NODE_GROUPS).replace("ACROSS_GROUPS", ACROSS_GROUPS)
+
+
+def test_a_collective_over_part_of_a_mesh_is_priced_over_the_nodes_its_group_spans():
+    """On a module of the profile's own 16 devices (2 nodes of 8), an all-gather
+    inside each node runs one ring over the node's 8 devices, an all-reduce over
+    one device in each node one ring across the 2 nodes, and one over every
+    device the profile's whole hierarchy."""
+    module = module_from_text(MESH)
+    profile = load_profile("a100-2x8-100g")
+    assert profile.workers == 16 and profile.devices_per_node == 8
+    size = 524288 * 4
+    inside = ring_all_reduce_s(size, 8, profile.intra_node) / 2
+    link = profile.inter_node
+    across_link = link.bandwidth_bytes_per_s / (8 if link.shared_by_node else 1)
+    across = ring_all_reduce_s(size, 2, type(link)(across_link, link.latency_s))
+    everyone = all_reduce_s(size, profile)
+    assert inside < everyone / 2 and across != everyone  # the groups change the price
+    result = simulate(
+        build_task_graph(module, Plan.unfused(module)), profile, RooflineCostModel(profile)
+    )
+    durations: dict[str, list[int]] = {}
+    for _, _, kind, start, end in result.spans_ps:
+        durations.setdefault(kind, []).append(end - start)
+    assert durations["all-gather"] == [to_ps(inside)]
+    assert sorted(durations["all-reduce"]) == sorted([to_ps(across), to_ps(everyone)])
+    # A step captured on fewer devices than the profile has keeps every worker.
+    small = module_from_text(
+        MESH.replace("replica_count=16", "replica_count=4")
+        .replace(NODE_GROUPS, "replica_groups={{0,1},{2,3}}")
+        .replace(ACROSS_GROUPS, "replica_groups={{0,2},{1,3}}")
+    )
+    graph = build_task_graph(small, Plan.unfused(small))
+    spans = simulate(graph, profile, RooflineCostModel(profile)).spans_ps
+    gathers = [end - start for _, _, kind, start, end in spans if kind == "all-gather"]
+    assert gathers == [to_ps(collective_s("all-gather", size, profile))]

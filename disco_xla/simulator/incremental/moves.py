@@ -32,32 +32,43 @@ MAX_REORDER_KERNELS = 160
 class KernelMoves:
     """The fusion and split moves of `state.PlanState`, which holds the loaded
     plan: its kernels (`instances`, `atoms`, `preds`, `succs`, `reads`,
-    `priority`, `duration`), their order (`order`, `pos`, `prefix`) and its
+    `priority`, `duration`), their order (`order`, `pos`, `prefix`; `full_only`:
+    moves are simulated in full) and its
     communication tasks (`comm_ps`, `last_producer`, `wait_list`, ...)."""
 
     def evaluate_fuse(self, first: int, second: int) -> float | None:
         """Simulated iteration seconds of the plan that fuses kernels `first` and
         `second` (None: not legal, or not evaluated: see `legal_fuse` and
         MAX_REORDER_KERNELS)."""
-        if self.profile.execution != "gpu-streams":
+        if self.profile.execution != "gpu-streams" or self.full_only:
             if not self.legal_fuse(first, second):
                 return None
             return self._simulated_ps(self.fused_plan(first, second)) / PS_PER_S
         change = self._fusion(first, second)
         child = None if change is None else self._child(change)
-        return None if child is None else self._child_time(child) / PS_PER_S
+        if child is None:
+            return None
+        try:
+            return self._child_time(child) / PS_PER_S
+        except RuntimeError:  # the child's buckets reorder its kernels (`state.full_only`)
+            return self._simulated_ps(self.fused_plan(first, second)) / PS_PER_S
 
     def evaluate_split(self, kernel: int) -> float | None:
         """Simulated iteration seconds of the plan that splits `kernel` into the
         earlier and the later half of its instructions (None: not `splittable`, or
         not evaluated: MAX_REORDER_KERNELS)."""
-        if self.profile.execution != "gpu-streams":
+        if self.profile.execution != "gpu-streams" or self.full_only:
             if not self.splittable(kernel):
                 return None
             return self._simulated_ps(self.split_plan(kernel)) / PS_PER_S
         change = self._split(kernel)
         child = None if change is None else self._child(change)
-        return None if child is None else self._child_time(child) / PS_PER_S
+        if child is None:
+            return None
+        try:
+            return self._child_time(child) / PS_PER_S
+        except RuntimeError:  # the child's buckets reorder its kernels (`state.full_only`)
+            return self._simulated_ps(self.split_plan(kernel)) / PS_PER_S
 
     def legal_fuse(self, first: int, second: int) -> bool:
         """Whether fusing `second` into `first` gives a plan `verify_plan` accepts:
