@@ -11,7 +11,7 @@ import jax
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.hlo_io import save_module
 from disco_xla.progress import StageProgress
-from disco_xla.zoo import ZOO, capture_model, zoo_entry
+from disco_xla.zoo import LLAMA_MODELS, ZOO, capture_model, zoo_entry
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
@@ -38,6 +38,15 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         help="JAX: bf16 computes with bf16 copies of f32 parameters and all-reduces "
         "bf16 gradients (mixed precision)",
     )
+    capture.add_argument(
+        "--fsdp",
+        type=int,
+        help="llama models: devices on the mesh's FSDP axis, the rest on its data axis "
+        "(default 2 when --replicas is even, else 1)",
+    )
+    capture.add_argument(
+        "--sequence", type=int, help="llama models: tokens a sequence (default the size's own)"
+    )
     capture.add_argument("-o", "--output", help="where to write the module (.pb, .txt, ...)")
     capture.add_argument("--json", action="store_true", help="print one JSON object, no progress")
     capture.set_defaults(run=run)
@@ -63,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             args.mode,
             on_stage=progress.stage,
             precision=args.precision,
+            fsdp=args.fsdp,
+            sequence=args.sequence,
         )
         progress.stage("write")
         save_module(captured.module, args.output)
@@ -92,11 +103,20 @@ def _check_arguments(args: argparse.Namespace) -> None:
         ) from None
     if args.replicas < 1:
         raise DiscoInputError(args.model, f"--replicas must be at least 1, not {args.replicas}")
-    if args.model == "llama" and args.mode != "sharded":
+    llama = args.model in LLAMA_MODELS
+    if llama and args.mode != "sharded":
         raise DiscoInputError(
             args.model,
             "is written for jax.jit over a mesh of data and FSDP axes: use --mode sharded",
         )
+    if (args.fsdp is not None or args.sequence is not None) and not llama:
+        raise DiscoInputError(args.model, "--fsdp and --sequence apply to the llama models")
+    if args.fsdp is not None and (args.fsdp < 1 or args.replicas % args.fsdp):
+        raise DiscoInputError(
+            args.model, f"--fsdp {args.fsdp} must divide the {args.replicas} replicas"
+        )
+    if args.sequence is not None and args.sequence < 1:
+        raise DiscoInputError(args.model, f"--sequence must be at least 1, not {args.sequence}")
     if args.batch is not None and args.batch % args.replicas:
         raise DiscoInputError(
             args.model, f"the batch {args.batch} must split evenly over {args.replicas} replicas"
@@ -108,8 +128,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         if args.framework != "jax" or args.model not in BF16_MODELS:
             raise DiscoInputError(
                 args.model,
-                "--precision bf16 applies to the JAX transformers (llama is bf16 as written; "
-                "the CNNs' batch norm needs f32)",
+                "--precision bf16 applies to the JAX transformers (the llama models are "
+                "bf16 as written; the CNNs' batch norm needs f32)",
             )
 
 

@@ -33,7 +33,8 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         action="append",
         metavar="PLAN",
         help="a baseline (none, xla, xla-overlap, xla-tuned, xla-nocombine, horovod, "
-        "horovod-legacy, ddp, mgwfbp, fsdp) or a PLAN.json; default none. Repeat it to "
+        "horovod-legacy, ddp, mgwfbp, fsdp; maxtext on H100 profiles of 1 to 128 nodes) "
+        "or a PLAN.json; default none. Repeat it to "
         "simulate several plans in one run (the module is compiled once for all baselines)",
     )
     add_xla_dump(simulate)
@@ -77,7 +78,7 @@ def _simulate_plan(name: str, module, profile, cost_model, dump=None):
     module it runs on, its summary, and the simulation. XLA's compiles of
     `module` are made once for every baseline (`compile_module` remembers them)."""
     note = ""
-    if name in BASELINES:
+    if name in (*BASELINES, "maxtext"):
         chosen = _baseline(name, module, profile, cost_model, dump)
         module, plan, note = chosen.module, chosen.plan, chosen.note
         task_graph = chosen.task_graph  # run as the baseline runs (tuples, blocking)
@@ -104,11 +105,12 @@ def _baseline(name: str, module, profile, cost_model, dump):
         return baseline(name, module, None, None, profile, cost_model)
     use_devices(module)
     if dump is not None:
-        return captured_baselines(module, dumped_fusion(module, dump), profile, cost_model)[name]
+        fusion = dumped_fusion(module, dump)
+        return captured_baselines(module, fusion, profile, cost_model, (name,))[name]
     separate, why = compiled_or_why(module, compile_separately)
     if separate is None:
         fusion = modelled_fusion(module, why)
-        return captured_baselines(module, fusion, profile, cost_model)[name]
+        return captured_baselines(module, fusion, profile, cost_model, (name,))[name]
     return baseline(name, module, compile_module(module), separate, profile, cost_model)
 
 

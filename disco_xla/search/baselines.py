@@ -18,6 +18,9 @@
   over those powers of two (and XLA's default 30 MB), one kind after the other,
   and the simulator keeps the fastest (`tuned_buckets`). XLA:CPU has no such
   thresholds: on CPU profiles it is `xla`.
+- `maxtext` (not among BASELINES: only where a configuration exists, see
+  `maxtext_thresholds`): `xla-overlap` with the per-kind thresholds MaxText's
+  published A3 scripts set for that many 8-GPU nodes.
 - `xla-nocombine`: XLA's fusion, one all-reduce per gradient (on GPU profiles
   in line with compute, as `xla`).
 - `horovod`: a 128 MB fusion buffer filled every 1 ms cycle; `horovod-legacy`:
@@ -84,6 +87,20 @@ BASELINES = (
     "fsdp",
 )
 FSDP_UNIT_BYTES = 4 * 10**8  # 1e8 parameters of 4 bytes
+# The combine thresholds of MaxText's Llama2-7B scripts for A3 VMs (8 H100s each),
+# by VM count: AI-Hypercomputer/maxtext, MaxText/configs/a3/llama_2_7b/<N>vm.sh
+# (read December 2026). Every script also turns on the latency-hiding scheduler
+# and the pipelining of all-gathers, reduce-scatters and all-reduces. Their
+# mesh is 8-way FSDP inside a VM, data parallel across VMs.
+_MAXTEXT_A3_SMALL = {"all-gather": 128 * MB, "reduce-scatter": 64 * MB}
+_MAXTEXT_A3_LARGE = {"all-gather": 128 * MB, "reduce-scatter": 128 * MB}
+MAXTEXT_A3_LLAMA2_7B = {
+    1: {"all-reduce": 128 * MB, **_MAXTEXT_A3_SMALL},
+    2: {"all-reduce": 64 * MB, **_MAXTEXT_A3_SMALL},
+    4: {"all-reduce": 512 * MB, **_MAXTEXT_A3_SMALL},
+    8: {"all-reduce": 1024 * MB, **_MAXTEXT_A3_SMALL},
+    **{vms: {"all-reduce": 1024 * MB, **_MAXTEXT_A3_LARGE} for vms in (16, 32, 64, 128)},
+}
 # The baselines XLA runs itself: on GPU profiles their collectives hold the compute
 # stream (the latency-hiding scheduler is off by default).
 RUN_BY_XLA = ("xla", "xla-nocombine")
@@ -106,6 +123,35 @@ def threshold_buckets(gradients: Gradients, limit_bytes: int, first_bytes: int |
             buckets.append([name])
             filled = size
     return tuple(tuple(b) for b in buckets)
+
+
+def maxtext_thresholds(profile: ClusterProfile) -> dict[str, int] | None:
+    """MaxText's published combine thresholds for the profile's scale
+    (`MAXTEXT_A3_LLAMA2_7B`), or None where it published none: a profile of
+    8 H100s a node, at a VM count it has a script for."""
+    if "H100" not in profile.device_name or profile.devices_per_node != 8:
+        return None
+    return MAXTEXT_A3_LLAMA2_7B.get(profile.nodes)
+
+
+def baseline_names(profile: ClusterProfile) -> tuple[str, ...]:
+    """The baselines for `profile`: BASELINES, and `maxtext` after `xla-tuned`
+    where MaxText published thresholds for its scale."""
+    if maxtext_thresholds(profile) is None:
+        return BASELINES
+    after = BASELINES.index("xla-tuned") + 1
+    return (*BASELINES[:after], "maxtext", *BASELINES[after:])
+
+
+def _check_baseline_name(name: str, profile: ClusterProfile) -> None:
+    if name == "maxtext" and maxtext_thresholds(profile) is None:
+        raise DiscoInputError(
+            profile.name,
+            "MaxText published combine thresholds for 8 H100s a node at "
+            f"{', '.join(map(str, MAXTEXT_A3_LLAMA2_7B))} nodes only: no maxtext baseline here",
+        )
+    if name not in baseline_names(profile):
+        raise ValueError(f"unknown baseline {name!r}")
 
 
 def threshold_sweep(total_bytes: int) -> list[int]:
@@ -278,8 +324,7 @@ def baseline(
         return Baseline(
             name, original, Plan.unfused(original), "no fusion, one all-reduce per gradient"
         )
-    if name not in BASELINES:
-        raise ValueError(f"unknown baseline {name!r}")
+    _check_baseline_name(name, profile)
     if compiled_combined is None or compiled_separate is None:
         raise ValueError(f"the {name} baseline needs the module compiled by XLA")
     gpu = profile.execution == "gpu-streams"
@@ -388,6 +433,16 @@ def bucket_rules(
             f"XLA:GPU's combiners at the swept thresholds the simulator found fastest "
             f"({chosen}), beside compute (latency-hiding scheduler on)"
         )
+    if name == "maxtext":
+        thresholds = maxtext_thresholds(profile)
+        if thresholds is None:
+            raise ValueError(f"MaxText published no thresholds for {profile.name}")
+        sent = {kind: thresholds[kind] for kind in sorted({*kinds.values(), "all-reduce"})}
+        chosen = ", ".join(f"{kind} {limit // MB} MB" for kind, limit in sent.items())
+        return kind_threshold_buckets(gradients, kinds, thresholds), (
+            f"XLA:GPU's combiners at MaxText's A3 thresholds for {profile.nodes} VMs "
+            f"({chosen}), beside compute (latency-hiding scheduler on)"
+        )
     if name in ("xla-nocombine", "none"):
         note = "one all-reduce per gradient"
         return tuple((g,) for g, _ in gradients), note + (
@@ -422,8 +477,10 @@ def captured_baselines(
     fusion: XlaFusion | HloModule,
     profile: ClusterProfile,
     cost_model: CostModel,
+    names: tuple[str, ...] | None = None,
 ) -> dict[str, Baseline]:
-    """Every baseline of BASELINES as a plan over the captured `module`.
+    """Every baseline of `names` (default `baseline_names(profile)`) as a plan
+    over the captured `module`.
 
     `fusion` is XLA's own fusion (`fusion_source.XlaFusion`: compiled here,
     from XLA's dump, or modelled), or the module as XLA compiled it with its
@@ -444,13 +501,13 @@ def captured_baselines(
     gradients = gradients_in_ready_order(module, ready)
     kinds = gradient_kinds(module)
     price = bucketing_price(module, xla_fusion, profile, cost_model)
-    baselines = {
-        "none": Baseline(
-            "none", module, Plan.unfused(module), "no fusion, one all-reduce per gradient"
-        )
-    }
-    for name in BASELINES:
+    baselines = {}
+    for name in names or baseline_names(profile):
+        _check_baseline_name(name, profile)
         if name == "none":
+            baselines[name] = Baseline(
+                "none", module, Plan.unfused(module), "no fusion, one all-reduce per gradient"
+            )
             continue
         buckets, note = bucket_rules(name, gradients, ready, profile, kinds, price)
         if fusion.buckets is not None and name in ("xla", "xla-overlap"):

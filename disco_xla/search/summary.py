@@ -14,7 +14,9 @@ def comparison_summary(comparison: PlanComparison) -> dict:
     xla_s = results["xla"].iteration_s
     return {
         "plan_s": found.iteration_s,
-        "baselines": {name: results[name].iteration_s for name in ROWS if name != "found"},
+        "baselines": {
+            name: results[name].iteration_s for name in ROWS if name != "found" and name in results
+        },
         "ideal_s": found.ideal_s,
         "speedup_vs_xla": xla_s / found.iteration_s,
         "t_over_ideal": found.t_over_ideal,

@@ -1,8 +1,9 @@
 """Real models' data-parallel training steps, to capture as HLO.
 
 JAX (dm-haiku): ResNet-50, VGG-19, Inception-v3, BERT-base, BERT-large,
-Transformer-base, GPT-2 small, and a Llama-style LM (`zoo.llama`: scan over
-layers, bf16, sharded over data and FSDP axes; `jax.jit` form only).
+Transformer-base, GPT-2 small, and a Llama-style LM at TinyLlama 1.1B's and at
+Llama-3 8B's shapes (`zoo.llama`: scan over layers, bf16, sharded over data and
+FSDP axes; `jax.jit` form only).
 TensorFlow (Keras 3): ResNet50, VGG16 and InceptionV3 from keras.applications,
 and a BERT-like encoder.
 """
@@ -39,11 +40,21 @@ ZOO = (
         "Llama-style LM (TinyLlama 1.1B shapes): scan over layers, bf16, data x FSDP",
         1_100_000_000,
     ),
+    ZooEntry(
+        "llama3_8b",
+        "jax",
+        "Llama-style LM (Llama-3 8B shapes, sequence 8192): as llama",
+        8_000_000_000,
+    ),
     ZooEntry("resnet50", "tf", "keras.applications.ResNet50", None),
     ZooEntry("vgg16", "tf", "keras.applications.VGG16", None),
     ZooEntry("inception_v3", "tf", "keras.applications.InceptionV3", None),
     ZooEntry("bert_encoder", "tf", "BERT-like encoder in Keras layers, classification", None),
 )
+
+
+# The Llama-style models: `jax.jit` over a data x FSDP mesh only.
+LLAMA_MODELS = ("llama", "llama3_8b")
 
 
 def zoo_entry(name: str, framework: str) -> ZooEntry:
@@ -69,6 +80,8 @@ def capture_model(
     mode: str = "pmap",
     on_stage: Callable[[str], None] = lambda stage: None,
     precision: str = "f32",
+    fsdp: int | None = None,
+    sequence: int | None = None,
 ) -> Capture:
     """Capture a zoo model's data-parallel training step.
 
@@ -76,6 +89,8 @@ def capture_model(
     `replicas` CPU devices; full sizes are lowered from shapes only. `on_stage`
     is told when each stage starts ('build', 'lower'). `precision='bf16'` gives
     a JAX model's mixed-precision variant (`jax_steps`; Llama is bf16 already).
+    For the Llama models, `fsdp` devices make up the mesh's FSDP axis (default 2
+    when `replicas` is even, else 1) and `sequence` sets the tokens a sequence.
     """
     batch = batch or 2 * replicas
     if framework == "jax":
@@ -83,13 +98,15 @@ def capture_model(
         from disco_xla.zoo.jax_steps import build_jax_step
 
         on_stage("build")
-        if name == "llama":
+        if name in LLAMA_MODELS:
             from disco_xla.zoo.llama import build_llama_step
 
             if mode != "sharded":
-                raise ValueError("llama is written for jax.jit over a mesh: use --mode sharded")
+                raise ValueError(f"{name} is written for jax.jit over a mesh: use --mode sharded")
+            if fsdp is None:
+                fsdp = 2 if replicas % 2 == 0 else 1
             fn, args, tensors, count = build_llama_step(
-                size, replicas, batch, fsdp=2 if replicas % 2 == 0 else 1, concrete=False
+                size, replicas, batch, fsdp, False, model=name, sequence=sequence
             )
             on_stage("lower")
             return Capture(capture_jax(fn, *args), tensors, count)

@@ -20,13 +20,15 @@ The step:
   all-reduces.
 
 `LLAMA_1B` follows TinyLlama 1.1B's shapes (22 layers, hidden 2048, 32 query
-and 4 key/value heads, MLP 5632, vocabulary 32000); it is lowered from shapes
-only, never run here. `LLAMA_TINY` is for tests.
+and 4 key/value heads, MLP 5632, vocabulary 32000), and `LLAMA3_8B` Llama-3 8B's
+(32 layers, hidden 4096, 32 query and 8 key/value heads, MLP 14336, vocabulary
+128256, sequences of 8192 tokens as MaxText's `llama3_8b.yml` trains it); they
+are lowered from shapes only, never run here. `LLAMA_TINY` is for tests.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import haiku as hk
 import jax
@@ -51,7 +53,10 @@ class LlamaConfig:
 
 
 LLAMA_1B = LlamaConfig(32000, 2048, 22, 32, 4, 5632, 512)
+LLAMA3_8B = LlamaConfig(128256, 4096, 32, 32, 8, 14336, 8192)
 LLAMA_TINY = LlamaConfig(128, 32, 2, 4, 2, 64, 16)
+# The full size of each zoo name (`--size full`); `--size tiny` is LLAMA_TINY.
+FULL_SIZES = {"llama": LLAMA_1B, "llama3_8b": LLAMA3_8B}
 
 
 def _rotary(x, positions):
@@ -188,13 +193,19 @@ def build_llama_step(
     fsdp: int = 2,
     concrete: bool = True,
     seed: int = 0,
+    model: str = "llama",
+    sequence: int | None = None,
 ):
     """(jitted step, args, parameter tensors, parameter count) over `devices`
-    devices as a (devices // fsdp) x fsdp mesh. `concrete=False` gives
-    `jax.ShapeDtypeStruct` arguments: enough to lower the full size."""
+    devices as a (devices // fsdp) x fsdp mesh: zoo model `model` ('llama' or
+    'llama3_8b') at `size` ('tiny' or 'full'), with `sequence` tokens a sequence
+    (default the size's own). `concrete=False` gives `jax.ShapeDtypeStruct`
+    arguments: enough to lower the full size."""
     if devices % fsdp or global_batch % devices:
         raise ValueError(f"{devices} devices, FSDP {fsdp}, batch {global_batch} do not split")
-    config = LLAMA_1B if size == "full" else LLAMA_TINY
+    config = FULL_SIZES[model] if size == "full" else LLAMA_TINY
+    if sequence is not None:
+        config = replace(config, sequence=sequence)
     transformed = hk.without_apply_rng(hk.transform(llama(config)))
     example = llama_batch(config, global_batch, np.random.default_rng(seed))
     optimizer = optax.adam(3e-4)

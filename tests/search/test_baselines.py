@@ -18,7 +18,7 @@ from disco_xla.search.baselines import (
     xla_cpu_buckets,
 )
 from disco_xla.simulator.profiles import load_profile
-from tests.conftest import simulate_plans
+from tests.conftest import run_cli, simulate_plans
 
 GRADIENTS = [("a", 600_000), ("b", 600_000), ("c", 10 * MB), ("d", 20 * MB), ("e", 30 * MB)]
 
@@ -135,3 +135,35 @@ def test_a_rule_bucket_is_cut_before_a_gradient_computed_from_a_reduced_one():
     cut = legal_buckets(module, (("mean1", "mean2", "mean3"),))
     assert cut == (("mean1",), ("mean2", "mean3"))
     verify_plan(with_buckets(Plan.unfused(module), cut), module)
+
+
+def test_maxtext_thresholds_exist_for_h100_nodes_of_8_at_the_published_scales():
+    from disco_xla.search.baselines import MAXTEXT_A3_LLAMA2_7B, baseline_names, maxtext_thresholds
+
+    at_32 = maxtext_thresholds(load_profile("h100-32x8-ib400"))
+    assert at_32 == {"all-reduce": 1024 * MB, "all-gather": 128 * MB, "reduce-scatter": 128 * MB}
+    assert maxtext_thresholds(load_profile("h100-32x8-eth100")) == at_32  # the scale's values
+    assert maxtext_thresholds(load_profile("h100-128x8-ib400")) == MAXTEXT_A3_LLAMA2_7B[128]
+    for other in ("h200-32x8-ib400", "a100-2x8-100g", "cpu-local"):  # no MaxText A3 script
+        profile = load_profile(other)
+        assert maxtext_thresholds(profile) is None
+        assert baseline_names(profile) == BASELINES
+    names = baseline_names(load_profile("h100-32x8-ib400"))
+    assert names[names.index("xla-tuned") + 1] == "maxtext"
+    # Its buckets are XLA's combiners at those thresholds, kind by kind.
+    kinds = {"a": "all-reduce", "b": "reduce-scatter", "c": "all-reduce", "d": "all-reduce"}
+    sizes = [("a", 600 * MB), ("b", 100 * MB), ("c", 300 * MB), ("d", 200 * MB)]
+    buckets, note = bucket_rules("maxtext", sizes, {}, load_profile("h100-32x8-ib400"), kinds)
+    assert buckets == (("b",), ("a", "c"), ("d",))
+    assert "MaxText's A3 thresholds for 32 VMs" in note
+
+
+def test_the_maxtext_baseline_through_the_cli_and_its_one_line_refusal(module_files):
+    path = module_files["jax_pmap_step"]
+    results = simulate_plans(path, "h100-32x8-ib400", ["xla-overlap", "maxtext"])
+    assert "MaxText's A3 thresholds for 32 VMs" in results["maxtext"]["plan_note"]
+    assert results["maxtext"]["kernels"] == results["xla-overlap"]["kernels"]
+    refused = run_cli("simulate", path, "--cluster", "h200-32x8-ib400", "--plan", "maxtext")
+    assert refused.returncode == 2
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert "h200-32x8-ib400" in refused.stderr and "MaxText" in refused.stderr

@@ -128,11 +128,12 @@ def test_the_search_is_never_slower_than_any_baseline_and_deterministic(step_and
     fusion = compiled_fusion(step, compiled)
     runs = [plan_module(step, settings, prices, fusion, ablations=True) for _ in range(2)]
     first, second = runs
-    assert tuple(first.results) == ROWS
+    # MaxText published no thresholds for V100s: that row alone is absent.
+    assert tuple(first.results) == tuple(name for name in ROWS if name != "maxtext")
     assert first.found.plan == second.found.plan
     found_s = first.results["found"].iteration_s
     assert found_s == first.found.iteration_s
-    for name in ROWS:
+    for name in first.results:
         assert found_s <= first.results[name].iteration_s, name
     verify_plan(first.found.plan, step)
 
