@@ -105,8 +105,9 @@ def _readable_order(bucket_count: int, ready: list, first_reader: list[float] | 
     the kernel order can put a gradient's producer after the update that reads
     a later bucket: the Llama FSDP step's backward scan computes its first
     norm's gradient last). Bucket a must then go before bucket b wherever
-    b is ready no earlier than a's first reader; since a's reader comes after
-    a is ready, those constraints follow readiness and never cycle. The fix
+    b is ready no earlier than a's first reader; where each bucket's reader
+    comes after it is ready, those constraints follow readiness and never
+    cycle. The fix
     takes, each time, the first bucket in plan order that no remaining bucket
     must precede."""
     order = list(range(bucket_count))
@@ -125,6 +126,11 @@ def _readable_order(bucket_count: int, ready: list, first_reader: list[float] | 
             if all(ready[bucket] < first_reader[a] for a in remaining if a != bucket):
                 placed.append(remaining.pop(index))
                 break
+        else:
+            # A bucket read before its own last producer (a reader of one member
+            # ordered before another member's producer): no order helps, and the
+            # schedule reports that it cannot make progress.
+            return placed + remaining
     return placed
 
 

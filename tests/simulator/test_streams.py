@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from disco_xla.simulator.streams import issue_order, streams_iteration_ps
 
 
@@ -43,3 +45,12 @@ def test_a_bucket_read_before_an_earlier_buckets_producer_goes_first():
     assert _run([7, 3, 8], waits, [5, 5, 5], 3) > 0  # no "cannot make progress"
     # Only the buckets that must move do: an unread one keeps its place.
     assert issue_order([7, 3, 8, 1], [[], [], [], []], 4, [8, 4, 9, math.inf]) == [1, 0, 2, 3]
+
+
+def test_buckets_read_before_their_own_producers_keep_plan_order_and_cannot_progress():
+    # Kernels 2 and 3 read buckets 0 and 1, whose last gradients are produced at
+    # kernels 5 and 4 (a reader of one member ordered before another member's
+    # producer): no issue order helps, and the schedule says so at once.
+    assert issue_order([5, 4], [[], []], 2, [2, 3]) == [0, 1]
+    with pytest.raises(RuntimeError, match="cannot make progress"):
+        _run([5, 4], {2: [0], 3: [1]}, [5, 5], 2)
