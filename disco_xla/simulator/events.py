@@ -3,8 +3,9 @@
 Two execution models, chosen by the profile:
 
 - `gpu-streams`: one in-order compute stream runs the kernels in a topological
-  order; buckets run on the communication stream(s) in the order their gradients
-  are produced (plan order among ties: `streams.issue_order`), each starting
+  order; buckets run in plan order on the communication stream(s) (a bucket moves
+  ahead only where a kernel would otherwise wait for it behind one whose
+  gradients come after that kernel: `streams.issue_order`), each starting
   when all its gradients are produced and its stream is free; a kernel that reads
   an all-reduce result waits for its bucket. A bucket of several gradients costs
   a concatenation copy before it and a split copy after it on the compute stream
