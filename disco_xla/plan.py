@@ -15,6 +15,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.collectives import collective_scope, device_groups, gathered_devices
 from disco_xla.hlo.custom_calls import is_library_call
 from disco_xla.hlo.graph import (
     COLLECTIVE_DONE_OPCODES,
@@ -74,26 +75,29 @@ def fusion_weight(instr: Instruction) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """Op-fusion groups (a partition of the compute instructions) and all-reduce
+    """Op-fusion groups (a partition of the compute instructions), all-reduce
     buckets (an ordered partition of the gradient all-reduces, and of gradient
-    reduce-scatters where a step sends its gradients sharded), by name."""
+    reduce-scatters where a step sends its gradients sharded), and all-gather
+    buckets (an ordered partition of the module's all-gathers, `all_gathers`;
+    empty: each all-gather as the module has it), by name."""
 
     module_name: str
     fingerprint: str
     fusion_groups: tuple[tuple[str, ...], ...]
     all_reduce_buckets: tuple[tuple[str, ...], ...]
+    all_gather_buckets: tuple[tuple[str, ...], ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": PLAN_FORMAT,
-                "module": self.module_name,
-                "fingerprint": self.fingerprint,
-                "fusion_groups": [list(g) for g in self.fusion_groups],
-                "all_reduce_buckets": [list(b) for b in self.all_reduce_buckets],
-            },
-            indent=1,
-        )
+        data = {
+            "format": PLAN_FORMAT,
+            "module": self.module_name,
+            "fingerprint": self.fingerprint,
+            "fusion_groups": [list(g) for g in self.fusion_groups],
+            "all_reduce_buckets": [list(b) for b in self.all_reduce_buckets],
+        }
+        if self.all_gather_buckets:  # a plan without them reads as before
+            data["all_gather_buckets"] = [list(b) for b in self.all_gather_buckets]
+        return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan>") -> Plan:
@@ -106,6 +110,9 @@ class Plan:
                 fingerprint=str(data["fingerprint"]),
                 fusion_groups=tuple(tuple(map(str, g)) for g in data["fusion_groups"]),
                 all_reduce_buckets=tuple(tuple(map(str, b)) for b in data["all_reduce_buckets"]),
+                all_gather_buckets=tuple(
+                    tuple(map(str, b)) for b in data.get("all_gather_buckets", ())
+                ),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise DiscoInputError(source, f"not a disco-xla plan ({error})") from None
@@ -154,7 +161,8 @@ def verify_plan(
     to one node leaves the program acyclic (so every group is convex and fusing
     creates no cycle); the buckets partition the gradient all-reduces; members of
     a bucket share dtype, reduction and device groups, and do not depend on each
-    other; and no bucket depends on a later one.
+    other; and no bucket depends on a later one. All-gather buckets, where the
+    plan has them, by the same rules over the module's all-gathers.
     """
     if plan.fingerprint != module.fingerprint:
         raise DiscoInputError(
@@ -166,6 +174,8 @@ def verify_plan(
     group_of = _check_groups(plan, module, by_name, max_expensive_ops_per_kernel, source)
     _check_contracted_graph_acyclic(module, group_of, plan, source)
     _check_buckets(plan, module, by_name, source)
+    if plan.all_gather_buckets:
+        _check_all_gather_buckets(plan, module, source)
 
 
 def _instructions_by_name(module: HloModule, source: str) -> dict[str, Instruction]:
@@ -327,7 +337,13 @@ def gradient_dependencies(module: HloModule) -> dict[str, frozenset[str]]:
     """For each gradient all-reduce that reads, through its operands, the result
     of other gradient all-reduces: their names (instruction-level dependencies, the
     ones `verify_plan` checks). Most steps have none: then the dict is empty."""
-    gradients = [a.name for a in module.gradient_all_reduces]
+    return _dependencies_among(module, [a.name for a in module.gradient_all_reduces])
+
+
+def _dependencies_among(module: HloModule, names: list[str]) -> dict[str, frozenset[str]]:
+    """For each of the instructions `names` that reads, through its operands and
+    control predecessors, the result of others of them: their names."""
+    gradients = names
     bit = {name: 1 << number for number, name in enumerate(gradients)}
     found: dict[str, frozenset[str]] = {}
     depends: dict[int, int] = {}
@@ -343,6 +359,74 @@ def gradient_dependencies(module: HloModule) -> dict[str, frozenset[str]]:
                 mask |= own
             depends[id(instr)] = mask
     return found
+
+
+def all_gathers(module: HloModule) -> list[Instruction]:
+    """The all-gathers a plan may bucket, in topological order: those of one
+    array over one dimension (`gathered_devices`), in program code."""
+    return [
+        instr
+        for computation in module.computations
+        if computation.role in ("entry", "program")
+        for instr in computation.topological_order
+        if instr.opcode == "all-gather" and gathered_devices(instr)
+    ]
+
+
+def all_gather_kinds(module: HloModule) -> dict[str, tuple]:
+    """What all-gathers must share to go in one bucket, by name: dtype, devices
+    gathered from, device groups, channel scope and computation."""
+    return {
+        instr.name: (
+            instr.proto.shape.element_type,
+            gathered_devices(instr),
+            device_groups(instr.proto),
+            collective_scope(instr.proto),
+            instr.computation.name,
+        )
+        for instr in all_gathers(module)
+    }
+
+
+def all_gather_dependencies(module: HloModule) -> dict[str, frozenset[str]]:
+    """For each all-gather that reads, through its operands, the result of other
+    all-gathers (`all_gathers`): their names."""
+    return _dependencies_among(module, [instr.name for instr in all_gathers(module)])
+
+
+def _check_all_gather_buckets(plan: Plan, module: HloModule, source: str) -> None:
+    kind = all_gather_kinds(module)
+    bucket_of: dict[str, int] = {}
+    for index, bucket in enumerate(plan.all_gather_buckets):
+        if not bucket:
+            raise DiscoInputError(source, f"all-gather bucket {index} is empty")
+        for name in bucket:
+            if name not in kind:
+                raise DiscoInputError(
+                    source,
+                    f"all-gather bucket {index}: {name!r} is not an all-gather of one "
+                    "array over one dimension",
+                )
+            if name in bucket_of:
+                raise DiscoInputError(
+                    source, f"{name!r} is in all-gather buckets {bucket_of[name]} and {index}"
+                )
+            bucket_of[name] = index
+        if len({kind[name] for name in bucket}) > 1:
+            raise DiscoInputError(
+                source,
+                f"all-gather bucket {index} mixes all-gathers of different dtype, device "
+                "groups or computation",
+            )
+    missing = sorted(set(kind) - set(bucket_of))
+    if missing:
+        raise DiscoInputError(
+            source, f"{len(missing)} all-gathers are in no all-gather bucket, e.g. {missing[0]!r}"
+        )
+    if not buckets_follow_dependencies(plan.all_gather_buckets, all_gather_dependencies(module)):
+        raise DiscoInputError(
+            source, "an all-gather bucket depends on itself or on a bucket after it"
+        )
 
 
 def buckets_follow_dependencies(

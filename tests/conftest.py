@@ -134,3 +134,20 @@ def module_files(captured, tmp_path_factory):
         path.write_bytes(raw)
         paths[name] = str(path)
     return paths
+
+
+@pytest.fixture(scope="session")
+def fsdp_step():
+    """The tiny Llama step on a 4-device mesh that shards every parameter 4
+    ways, captured after XLA's partitioning: a module with FSDP all-gathers (in
+    the layers' loop bodies and outside them) and gradient all-reduces."""
+    from disco_xla.zoo import capture_model
+
+    return capture_model("llama", "jax", 4, mode="sharded", fsdp=4).module
+
+
+@pytest.fixture(scope="session")
+def fsdp_step_file(fsdp_step, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("fsdp") / "llama_fsdp.hlo.pb"
+    path.write_bytes(fsdp_step.to_bytes())
+    return str(path)

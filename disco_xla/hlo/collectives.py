@@ -131,3 +131,15 @@ def _mesh_axes_sizes(groups) -> tuple[int, int]:
         elif 0 <= axis.mesh_axis_index < len(sizes):
             per_group *= sizes[axis.mesh_axis_index]
     return per_group, math.prod(sizes)
+
+
+def gathered_devices(member: Instruction) -> int:
+    """p, the devices an all-gather of one array over one dimension gathers
+    from (its result's gathered dimension over its operand's); 0 for any other
+    all-gather (variadic, or over several dimensions)."""
+    proto = member.proto
+    if len(member.operands) != 1 or member.shape.is_tuple or len(proto.dimensions) != 1:
+        return 0
+    dimension = proto.dimensions[0]
+    shard = member.operands[0].shape.dims[dimension]
+    return member.shape.dims[dimension] // shard if shard else 0

@@ -34,15 +34,19 @@ from collections.abc import Sequence
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo import edit
-from disco_xla.hlo.graph import Computation, HloModule, Instruction
-from disco_xla.hlo.hlo_schema import ShapeProto
+from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo.shapes import F32_TYPE
-
-GROUP_FIELDS = (
-    "collective_device_list",
-    "iota_collective_device_list",
-    "mesh_axes_replica_group_list",
+from disco_xla.hlo_passes.concatenated_collectives import (
+    PendingReplacements,
+    array_shape,
+    collective_of_concatenation,
+    column_ranges,
+    order_after,
+    slice_of,
+    transpose,
+    vector_shape,
 )
+
 BUCKET_MARK = "disco_xla.bucket"
 NARROW_FLOATS = frozenset({10, 16})  # PrimitiveType F16 and BF16
 
@@ -66,7 +70,7 @@ class BucketAllReduces:
         whether the module changed."""
         changed = False
         previous_id: dict[str, int] = {}  # the last bucket so far in each computation
-        replaced = _PendingReplacements()
+        replaced = PendingReplacements()
         for index, bucket in enumerate(self.all_reduce_buckets):
             members = [module.instruction(name) for name in bucket]
             computation = members[0].computation
@@ -81,7 +85,7 @@ class BucketAllReduces:
                 )
                 changed = True
             if computation.name in previous_id:
-                _order_after(computation, current_id, previous_id[computation.name])
+                order_after(computation, current_id, previous_id[computation.name])
                 changed = True
             previous_id[computation.name] = current_id
         replaced.apply(module)
@@ -90,35 +94,8 @@ class BucketAllReduces:
         return changed
 
 
-class _PendingReplacements:
-    """The members replaced so far, each computation's {member id: restored id}:
-    their users are redirected in one scan of each computation, and the members
-    removed, when the pass ends. A scan per member made the pass quadratic (in
-    the 6 rewrites of inception_v3's first call, 2,262 scans took 38 s of 215 s)."""
-
-    def __init__(self) -> None:
-        self._by_computation: dict[int, tuple[Computation, dict[int, int]]] = {}
-        self._members: list[Instruction] = []
-
-    def add(self, computation: Computation, member: Instruction, restored) -> None:
-        """`member`'s users (and the root, if it is one) will read `restored`."""
-        restored.metadata.op_name = member.op_name  # the marks of a reduced gradient
-        self._by_computation.setdefault(id(computation), (computation, {}))[1][member.id] = (
-            restored.id
-        )
-        self._members.append(member)
-
-    def apply(self, module: HloModule) -> None:
-        """Redirect the users and delete the members (the view is left stale)."""
-        for computation, new_for_old in self._by_computation.values():
-            edit.redirect_uses(computation, new_for_old)
-            root = computation.proto.root_id
-            computation.proto.root_id = new_for_old.get(root, root)
-        module.remove_instructions(self._members)
-
-
 def _concatenate_bucket(
-    module: HloModule, index: int, members, widen: bool, replaced: _PendingReplacements
+    module: HloModule, index: int, members, widen: bool, replaced: PendingReplacements
 ) -> int:
     """One all-reduce for a bucket of them (see the module's docstring): each
     member's operand flattened (widened to f32 first where `widen` says), the
@@ -131,21 +108,21 @@ def _concatenate_bucket(
         sizes.append(_all_reduce_size(module, member))
         flats.append(_flat_operand(computation, member, reduce_type))
     total = sum(sizes)
-    reduced = _collective_of_concatenation(
+    reduced = collective_of_concatenation(
         computation,
-        index,
+        f"{BUCKET_MARK}.{index}",
         members,
         "all-reduce",
         flats,
         concat_dimension=0,
-        joined_shape=_vector(reduce_type, total),
-        result_shape=_vector(reduce_type, total),
+        joined_shape=vector_shape(reduce_type, total),
+        result_shape=vector_shape(reduce_type, total),
     )
     if reduce_type != element_type:
         _widen_reducer(module, reduced, members, reduce_type)
-    for member, (start, limit) in zip(members, _column_ranges(sizes), strict=True):
-        piece = _slice(
-            computation, member, reduced, _vector(reduce_type, limit - start), [(start, limit)]
+    for member, (start, limit) in zip(members, column_ranges(sizes), strict=True):
+        piece = slice_of(
+            computation, member, reduced, vector_shape(reduce_type, limit - start), [(start, limit)]
         )
         restored = _flat_piece_as_result(computation, member, piece, element_type)
         replaced.add(computation, member, restored)
@@ -169,13 +146,13 @@ def _flat_operand(computation, member, reduce_type: int) -> int:
             computation,
             f"{member.name}.wide",
             "convert",
-            _array(reduce_type, list(member.shape.dims)),
+            array_shape(reduce_type, list(member.shape.dims)),
             [operand],
         )
         operand = wide.id
     size = math.prod(member.shape.dims)
     flat = edit.add_instruction(
-        computation, f"{member.name}.flat", "reshape", _vector(reduce_type, size), [operand]
+        computation, f"{member.name}.flat", "reshape", vector_shape(reduce_type, size), [operand]
     )
     return flat.id
 
@@ -198,7 +175,7 @@ def _flat_piece_as_result(computation, member, piece, element_type: int):
             computation,
             f"{member.name}.narrow",
             "convert",
-            _vector(element_type, piece.shape.dimensions[0]),
+            vector_shape(element_type, piece.shape.dimensions[0]),
             [piece.id],
         )
     return edit.add_instruction(
@@ -207,7 +184,7 @@ def _flat_piece_as_result(computation, member, piece, element_type: int):
 
 
 def _concatenate_reduce_scatters(
-    module: HloModule, index: int, members, replaced: _PendingReplacements
+    module: HloModule, index: int, members, replaced: PendingReplacements
 ) -> int:
     """One reduce-scatter for a bucket of them (see the module's docstring): each
     member's operand as [p, n/p] rows, the rows concatenated to [p, N/p] and
@@ -221,20 +198,20 @@ def _concatenate_reduce_scatters(
         for member, width in zip(members, columns, strict=True)
     ]
     total = sum(columns)
-    reduced = _collective_of_concatenation(
+    reduced = collective_of_concatenation(
         computation,
-        index,
+        f"{BUCKET_MARK}.{index}",
         members,
         "reduce-scatter",
         blocks,
         concat_dimension=1,
-        joined_shape=_array(element_type, [rows, total]),
-        result_shape=_array(element_type, [1, total]),
+        joined_shape=array_shape(element_type, [rows, total]),
+        result_shape=array_shape(element_type, [1, total]),
     )
     reduced.dimensions.append(0)
-    for member, (start, limit) in zip(members, _column_ranges(columns), strict=True):
-        piece_shape = _array(element_type, [1, limit - start])
-        piece = _slice(computation, member, reduced, piece_shape, [(0, 1), (start, limit)])
+    for member, (start, limit) in zip(members, column_ranges(columns), strict=True):
+        piece_shape = array_shape(element_type, [1, limit - start])
+        piece = slice_of(computation, member, reduced, piece_shape, [(0, 1), (start, limit)])
         restored = _block_as_result(computation, piece, member)
         replaced.add(computation, member, restored)
     return reduced.id
@@ -263,50 +240,12 @@ def _operand_as_rows(computation, member, element_type: int, rows: int, width: i
     first, then reshaped so row r is device r's block."""
     front = _scattered_dimension_first(computation, member.operands[0], member)
     return edit.add_instruction(
-        computation, f"{member.name}.rows", "reshape", _array(element_type, [rows, width]), [front]
+        computation,
+        f"{member.name}.rows",
+        "reshape",
+        array_shape(element_type, [rows, width]),
+        [front],
     ).id
-
-
-def _collective_of_concatenation(
-    computation,
-    index: int,
-    members,
-    opcode: str,
-    pieces: list[int],
-    concat_dimension: int,
-    joined_shape,
-    result_shape,
-):
-    """Bucket `index`'s collective: `pieces` concatenated along `concat_dimension`
-    (to `joined_shape`), then one `opcode` collective over the result, named
-    `BUCKET_MARK.index` and with its members' fields (`_copy_collective_fields`)."""
-    joined = edit.add_instruction(
-        computation, f"{BUCKET_MARK}.{index}.concat", "concatenate", joined_shape, pieces
-    )
-    joined.dimensions.append(concat_dimension)
-    reduced = edit.add_instruction(
-        computation, f"{BUCKET_MARK}.{index}", opcode, result_shape, [joined.id]
-    )
-    _copy_collective_fields(reduced, members[0].proto, index, members)
-    return reduced
-
-
-def _column_ranges(widths: list[int]) -> list[tuple[int, int]]:
-    """Each member's [start, limit) along the concatenated dimension."""
-    ranges, offset = [], 0
-    for width in widths:
-        ranges.append((offset, offset + width))
-        offset += width
-    return ranges
-
-
-def _slice(computation, member, reduced, shape, ranges: list[tuple[int, int]]):
-    """`member`'s piece of the bucket's collective: a slice to `shape` with one
-    [start, limit) (stride 1) per dimension."""
-    piece = edit.add_instruction(computation, f"{member.name}.piece", "slice", shape, [reduced.id])
-    for start, limit in ranges:
-        piece.slice_dimensions.add(start=start, limit=limit, stride=1)
-    return piece
 
 
 def _permutation(member) -> list[int]:
@@ -322,8 +261,8 @@ def _scattered_dimension_first(computation, operand, member) -> int:
     if order == sorted(order):
         return operand.id
     dims = [operand.shape.dims[d] for d in order]
-    shape = _array(member.proto.shape.element_type, dims)
-    return _transpose(computation, f"{member.name}.front", operand.id, shape, order).id
+    shape = array_shape(member.proto.shape.element_type, dims)
+    return transpose(computation, f"{member.name}.front", operand.id, shape, order).id
 
 
 def _block_as_result(computation, piece, member):
@@ -339,47 +278,8 @@ def _block_as_result(computation, piece, member):
         computation,
         f"{member.name}.block",
         "reshape",
-        _array(member.proto.shape.element_type, dims),
+        array_shape(member.proto.shape.element_type, dims),
         [piece.id],
     )
     back = [order.index(d) for d in range(len(order))]
-    return _transpose(computation, f"{member.name}.restored", block.id, member.proto.shape, back)
-
-
-def _transpose(computation, name: str, operand_id: int, shape, permutation: list[int]):
-    """A transpose of `operand_id` to `shape`: result dimension i is the
-    operand's dimension permutation[i]."""
-    moved = edit.add_instruction(computation, name, "transpose", shape, [operand_id])
-    moved.dimensions.extend(permutation)
-    return moved
-
-
-def _copy_collective_fields(reduced, template, index: int, members) -> None:
-    """The bucket's collective takes its members' reducer, channel and device
-    groups, and names them in its op_name."""
-    reduced.channel_id = template.channel_id
-    reduced.use_global_device_ids = template.use_global_device_ids
-    # The device groups, in whichever of XLA's forms the template has them.
-    for field in GROUP_FIELDS:
-        if template.HasField(field):
-            getattr(reduced, field).CopyFrom(getattr(template, field))
-    reduced.replica_groups.extend(template.replica_groups)
-    reduced.called_computation_ids.extend(template.called_computation_ids)
-    reduced.metadata.op_name = f"{BUCKET_MARK}/{index}: " + ",".join(m.name for m in members)
-
-
-def _order_after(computation, instruction_id: int, predecessor_id: int) -> None:
-    for proto in computation.proto.instructions:
-        if proto.id == instruction_id and predecessor_id not in proto.control_predecessor_ids:
-            proto.control_predecessor_ids.append(predecessor_id)
-
-
-def _vector(element_type: int, size: int):
-    return _array(element_type, [size])
-
-
-def _array(element_type: int, dims: list[int]):
-    """An array ShapeProto with the default (row-major) layout."""
-    shape = ShapeProto(element_type=element_type, dimensions=dims)
-    shape.layout.minor_to_major.extend(reversed(range(len(dims))))
-    return shape
+    return transpose(computation, f"{member.name}.restored", block.id, member.proto.shape, back)

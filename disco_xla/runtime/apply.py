@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo_passes.bucket_all_gathers import BucketAllGathers
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
 from disco_xla.hlo_passes.drop_schedule import DropSchedule
 from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
 from disco_xla.hlo_passes.pass_interface import HloPass, run_pipeline
 from disco_xla.hlo_passes.synchronous_all_reduces import SynchronousAllReduces
-from disco_xla.plan import Plan, departing_groups, verify_plan
+from disco_xla.plan import Plan, all_gathers, departing_groups, verify_plan
 from disco_xla.runtime.agreement import broadcast
 from disco_xla.runtime.xla_runner import (
     PartitionedProgram,
@@ -96,6 +97,7 @@ def apply_plan(
         except Exception as error:  # noqa: BLE001 - any XLA failure is a failed rewrite
             raise RewriteError(f"the rewritten module does not compile: {error}") from None
         check_all_reduces(module, plan, compiled)
+        check_all_gathers(module, plan, compiled)
     return rewritten
 
 
@@ -108,12 +110,15 @@ def plan_pipeline(
     """The passes that realise `plan` (verified) on `module`, in order: drop a
     scheduled module's schedule and make its asynchronous all-reduces
     synchronous, then the fusion boundaries of the groups that need one
-    (`plan.departing_groups`), when `fusion`, then the all-reduce buckets."""
+    (`plan.departing_groups`), when `fusion`, then the all-reduce buckets, then
+    the all-gather buckets where the plan has them."""
     passes: list[HloPass] = [DropSchedule(), SynchronousAllReduces()]
     if fusion:
         boundaries = departing_groups(module, plan, left_to_xla)
         passes.append(OutlineFusionGroups(plan.fusion_groups, boundaries))
     passes.append(BucketAllReduces(plan.all_reduce_buckets))
+    if plan.all_gather_buckets:
+        passes.append(BucketAllGathers(plan.all_gather_buckets))
     return passes
 
 
@@ -132,6 +137,24 @@ def check_all_reduces(original: HloModule, plan: Plan, compiled: HloModule) -> N
     if got != expected and not _only_duplicates_kept(original, plan, got):
         raise RewriteError(
             f"the compiled module has all-reduces of {got} elements, the plan asks for {expected}"
+        )
+
+
+def check_all_gathers(original: HloModule, plan: Plan, compiled: HloModule) -> None:
+    """Raise RewriteError if `compiled` (the rewritten module as XLA compiled it)
+    has more all-gathers than the plan's buckets and the all-gathers a plan does
+    not bucket (`plan.all_gathers`): a bucket that XLA split again. (Fewer is
+    XLA's own doing: it may drop an all-gather whose result is unused.)"""
+    if not plan.all_gather_buckets:
+        return
+    unbucketed = sum(1 for i in original.instructions() if i.opcode == "all-gather") - len(
+        all_gathers(original)
+    )
+    expected = len(plan.all_gather_buckets) + unbucketed
+    got = sum(1 for i in compiled.instructions() if i.opcode in ("all-gather", "all-gather-start"))
+    if got > expected:
+        raise RewriteError(
+            f"the compiled module has {got} all-gathers, the plan's buckets make {expected}"
         )
 
 

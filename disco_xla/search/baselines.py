@@ -33,14 +33,18 @@
   min_num_params 1e8): gradients in ready order form units that close once
   they hold 1e8 parameters (4e8 bytes at 4 bytes a parameter), and each unit's
   gradients are sent as one collective (a reduce-scatter where the step
-  reduce-scatters them). The module's all-gathers are not part of a plan: the
+  reduce-scatters them). Its all-gathers stay one per parameter: the
   simulator issues each as soon as its input is ready, which is FSDP's
   prefetch of the next unit's parameters.
 
 Gradients sent by reduce-scatter are bucketed by the same rules, never with
 all-reduces; XLA:GPU's combiners have a 30 MB threshold for each kind
 (`kDefaultReduceScatterCombineThreshold` beside the all-reduce's, in XLA's
-collective_utils.h), and XLA:CPU combines all-reduces only.
+collective_utils.h), and XLA:CPU combines all-reduces only. On GPU profiles
+`xla`, `xla-overlap`, `xla-tuned` and `maxtext` also combine the module's
+all-gathers as XLA:GPU's all-gather combiner does, at XLA's default, the swept
+or MaxText's threshold (`xla_gpu_all_gathers`); the other baselines keep one
+all-gather per parameter.
 
 XLA's fusion comes from the module XLA compiled. `baseline` gives the plans over
 that compiled module, where each fusion is one kernel. `captured_baselines` gives
@@ -60,10 +64,15 @@ from disco_xla.hlo.collectives import collective_bytes
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import (
     Plan,
+    all_gathers,
     bucket_kinds,
     gradient_all_reduces_in_order,
     gradient_dependencies,
     verify_plan,
+)
+from disco_xla.search.all_gather_buckets import (
+    XLA_GPU_ALL_GATHER_COMBINE_BYTES,
+    combined_all_gathers,
 )
 from disco_xla.search.fusion_source import XlaFusion, compiled_fusion
 from disco_xla.simulator.comm import all_reduce_s
@@ -341,13 +350,60 @@ def baseline(
     price = bucketing_price(compiled_separate, separate, profile, cost_model)
     kinds = gradient_kinds(compiled_separate)
     buckets, note = bucket_rules(name, gradients, ready, profile, kinds, price)
-    return Baseline(
+    plan, gather_note = xla_gpu_all_gathers(
         name,
         compiled_separate,
         with_buckets(separate, legal_buckets(compiled_separate, buckets)),
-        f"{fusion_note}, {note}",
+        profile,
+        cost_model,
+    )
+    return Baseline(
+        name,
+        compiled_separate,
+        plan,
+        f"{fusion_note}, {note}{gather_note}",
         collectives_block_compute=gpu and name in RUN_BY_XLA,
     )
+
+
+def xla_gpu_all_gathers(
+    name: str, module: HloModule, plan: Plan, profile: ClusterProfile, cost_model: CostModel
+) -> tuple[Plan, str]:
+    """`plan` with the all-gather buckets XLA:GPU's combiner makes for baseline
+    `name` (`all_gather_buckets.combined_all_gathers`), and a note to add:
+    `xla` and `xla-overlap` at XLA's default threshold, `maxtext` at MaxText's,
+    `xla-tuned` at the swept threshold the simulator finds fastest. Unchanged on
+    CPU profiles (XLA:CPU has no all-gather combiner), for the other baselines,
+    and where the module has no all-gather to combine."""
+    gpu = profile.execution == "gpu-streams"
+    if not gpu or name not in ("xla", "xla-overlap", "xla-tuned", "maxtext"):
+        return plan, ""
+    gathers = all_gathers(module)
+    if len(gathers) < 2:
+        return plan, ""
+    if name == "maxtext":
+        limits = [maxtext_thresholds(profile)["all-gather"]]
+    elif name == "xla-tuned":
+        limits = threshold_sweep(sum(collective_bytes(instr) for instr in gathers))
+    else:
+        limits = [XLA_GPU_ALL_GATHER_COMBINE_BYTES]
+    best, best_s, best_limit = plan, math.inf, limits[0]
+    for limit in limits:
+        trial = replace(plan, all_gather_buckets=combined_all_gathers(module, limit))
+        try:
+            verify_plan(trial, module)
+        except DiscoInputError:
+            continue
+        seconds = (
+            simulate(build_task_graph(module, trial), profile, cost_model).iteration_s
+            if len(limits) > 1
+            else 0.0
+        )
+        if seconds < best_s:
+            best, best_s, best_limit = trial, seconds, limit
+    if best is plan:
+        return plan, ", all-gathers one by one (the combiner's buckets are not legal here)"
+    return best, f", all-gathers combined up to {best_limit // MB} MB"
 
 
 def bucketing_price(
@@ -521,6 +577,8 @@ def captured_baselines(
         except DiscoInputError as error:
             plan = xla_fusion
             note = f"{note} is not legal here ({error}); one all-reduce per gradient instead"
+        plan, gather_note = xla_gpu_all_gathers(name, module, plan, profile, cost_model)
+        note += gather_note
         baselines[name] = Baseline(
             name,
             module,

@@ -16,6 +16,10 @@
    XLA's fusion.
 4. The search, `found`: every move, from no fusion, the greedy fusion, every
    baseline and the ablations' plans, so it is never slower than any of them.
+   Its moves keep a plan's all-gather buckets; the found plan then takes the
+   fastest of a sweep of all-gather buckets (`all_gather_buckets`). On GPU
+   profiles, the program of the XLA flags closest to it replaces it where that
+   is faster (`xla_flags`).
 
 T_ideal = max(C, A) uses for C the kernel time of XLA's fusion (the
 `xla-nocombine` plan has no bucket copies) and for A every gradient byte sent as
@@ -24,14 +28,18 @@ one message (`events`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
-from disco_xla.plan import Plan
+from disco_xla.plan import Plan, all_gathers, verify_plan
+from disco_xla.search.all_gather_buckets import best_all_gather_buckets
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
 from disco_xla.search.fusion_source import XlaFusion
+from disco_xla.search.xla_flags import closest_xla_flags
 from disco_xla.settings import OptimizeSettings
 from disco_xla.simulator.cost_models import (
     CostModel,
@@ -136,6 +144,10 @@ def plan_module(
         searches = run.ablations(baselines, results)
         starts += [found.plan for found in searches.values()]
     searches["found"] = run.search("found", starts, "all", keep)
+    if baselines and profile.execution == "gpu-streams":
+        searches["found"] = run.with_flags_program(
+            searches["found"], baselines["xla-nocombine"].plan
+        )
     for label, found in searches.items():
         results[label] = run.simulate(build_task_graph(module, found.plan))
     rows = {name: results[name] for name in ROWS if name in results}
@@ -184,11 +196,15 @@ class _Runs:
         }
 
     def search(self, label: str, starts: list[Plan], moves: str, keep: int = 1) -> SearchResult:
-        return search(
+        """The search from `starts` without their all-gather buckets (its moves
+        keep a plan's all-gather buckets, and buckets that reorder the kernels
+        would make every evaluation a full simulation), then the found plan
+        with the fastest all-gather buckets (`with_best_all_gathers`)."""
+        found = search(
             self.module,
             self.profile,
             self.cost_model,
-            starts,
+            [replace(plan, all_gather_buckets=()) for plan in starts],
             self.settings,
             moves=moves,
             keep=keep,
@@ -196,6 +212,55 @@ class _Runs:
             within_groups=self.own_groups,
             on_evaluation=self.on_search(label) if self.on_search else lambda done, best_s: None,
         )
+        return self.with_best_all_gathers(found, starts)
+
+    def with_best_all_gathers(self, found: SearchResult, starts: list[Plan]) -> SearchResult:
+        """`found` with the fastest all-gather buckets among the starts' and a
+        sweep of XLA's combiner (`all_gather_buckets.best_all_gather_buckets`),
+        or the fastest start plan as it is, if that is faster still: so the
+        result is never slower than a start."""
+        plan = found.plan
+        if not all_gathers(self.module):
+            return found
+
+        def plan_s(trial: Plan) -> float:
+            try:
+                verify_plan(trial, self.module)
+            except DiscoInputError:
+                return math.inf
+            return self.simulate(build_task_graph(self.module, trial)).iteration_s
+
+        def price(buckets: tuple[tuple[str, ...], ...]) -> float:
+            return plan_s(replace(plan, all_gather_buckets=buckets))
+
+        extra = [start.all_gather_buckets for start in starts]
+        buckets, seconds = best_all_gather_buckets(
+            self.module, plan.all_gather_buckets, price, extra
+        )
+        best, best_s = replace(plan, all_gather_buckets=buckets), seconds
+        for start in starts:
+            if start.all_gather_buckets and start != best:
+                start_s = plan_s(start)
+                if start_s < best_s:
+                    best, best_s = start, start_s
+        if best == plan:
+            return found
+        top = ((best_s, best), *found.top_plans)[: max(1, len(found.top_plans))]
+        return replace(found, plan=best, iteration_s=best_s, top_plans=top)
+
+    def with_flags_program(self, found: SearchResult, xla_fusion: Plan) -> SearchResult:
+        """`found`, or the program of the XLA flags closest to it
+        (`xla_flags.closest_xla_flags`) where that is faster: its thresholds
+        come from the found plan's bucket sizes, so it cannot be a start."""
+        flags = closest_xla_flags(
+            self.module, found.plan, xla_fusion, self.profile, self.cost_model
+        )
+        program = flags.plan(self.module, xla_fusion)
+        seconds = self.simulate(build_task_graph(self.module, program)).iteration_s
+        if seconds >= found.iteration_s:
+            return found
+        top = ((seconds, program), *found.top_plans)[: max(1, len(found.top_plans))]
+        return replace(found, plan=program, iteration_s=seconds, top_plans=top)
 
     def baseline_plans(
         self, baselines: dict[str, Baseline], results: dict[str, SimulationResult]

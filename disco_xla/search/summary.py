@@ -22,6 +22,7 @@ def comparison_summary(comparison: PlanComparison) -> dict:
         "t_over_ideal": found.t_over_ideal,
         "exposed_comm_s": found.exposed_comm_s,
         "buckets": found.buckets,
+        "all_gather_buckets": len(comparison.found.plan.all_gather_buckets),
         "kernels": found.kernels,
         "fusion_source": comparison.fusion.source if comparison.fusion else None,
         "fusion": comparison.fusion.note if comparison.fusion else None,
@@ -51,5 +52,11 @@ def format_table(comparison: PlanComparison) -> str:
         lines.append(
             f"{name:<16}{r.iteration_s * 1e3:>14.3f}{xla_s / r.iteration_s:>8.2f}x"
             f"{r.t_over_ideal:>11.2f}{r.exposed_comm_s * 1e3:>12.3f}{r.buckets:>9}{r.kernels:>9}"
+        )
+    gathers = comparison.found.plan.all_gather_buckets
+    if gathers:
+        lines.append(
+            f"found plan: its all-gathers sent in {len(gathers)} buckets "
+            f"(largest {max(map(len, gathers))})"
         )
     return "\n".join(lines)

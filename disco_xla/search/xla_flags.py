@@ -9,19 +9,27 @@ each kind's gradients combined in ready order up to its threshold
 chosen from the sizes of the plan's own buckets of that kind and NVIDIA's sweep
 (`baselines.threshold_sweep`), by the simulated time of the program it gives
 (`baselines.tuned_buckets`). The same sizes are what the `xla-tuned` baseline
-sweeps, with the plan's bucket sizes added.
+sweeps, with the plan's bucket sizes added. Where the module has all-gathers,
+the all-gather threshold is then chosen likewise, from the sizes of the plan's
+all-gather buckets and the sweep, by the time of the whole program
+(`all_gather_buckets.combined_all_gathers` at each threshold).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.collectives import collective_bytes
 from disco_xla.hlo.graph import HloModule
-from disco_xla.plan import Plan
+from disco_xla.plan import Plan, all_gathers, verify_plan
+from disco_xla.search.all_gather_buckets import combined_all_gathers
 from disco_xla.search.baselines import (
     bucketing_price,
     gradient_kinds,
     gradients_in_ready_order,
+    legal_buckets,
+    threshold_sweep,
     tuned_buckets,
 )
 from disco_xla.simulator.cost_models import CostModel
@@ -30,6 +38,7 @@ from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import ClusterProfile
 
 THRESHOLD_FLAGS = {
+    "all-gather": "--xla_gpu_all_gather_combine_threshold_bytes",
     "all-reduce": "--xla_gpu_all_reduce_combine_threshold_bytes",
     "reduce-scatter": "--xla_gpu_reduce_scatter_combine_threshold_bytes",
 }
@@ -43,6 +52,15 @@ class XlaFlags:
     thresholds: dict[str, int]  # by collective kind
     buckets: tuple[tuple[str, ...], ...]
     simulated_s: float
+    all_gather_buckets: tuple[tuple[str, ...], ...] = ()
+
+    def plan(self, module: HloModule, xla_fusion: Plan) -> Plan:
+        """The program these flags give, as a plan over XLA's fusion of `module`."""
+        return replace(
+            xla_fusion,
+            all_reduce_buckets=legal_buckets(module, self.buckets),
+            all_gather_buckets=self.all_gather_buckets,
+        )
 
     @property
     def flags(self) -> str:
@@ -71,4 +89,26 @@ def closest_xla_flags(
         plan_sizes.setdefault(kind, []).append(sum(sizes[name] for name in bucket))
     price = bucketing_price(module, xla_fusion, profile, cost_model)
     buckets, thresholds = tuned_buckets(gradients, kinds, price, plan_sizes)
-    return XlaFlags(thresholds, buckets, price(buckets))
+    flags = XlaFlags(thresholds, buckets, price(buckets))
+    gathers = all_gathers(module)
+    if len(gathers) < 2:
+        return flags
+    gathered = {instr.name: collective_bytes(instr) for instr in gathers}
+    bucket_sizes = [sum(gathered[name] for name in bucket) for bucket in plan.all_gather_buckets]
+    limits = sorted({*threshold_sweep(sum(gathered.values())), *bucket_sizes})
+    program = flags.plan(module, xla_fusion)
+    for limit in limits:
+        trial = replace(program, all_gather_buckets=combined_all_gathers(module, limit))
+        try:
+            verify_plan(trial, module)
+        except DiscoInputError:
+            continue
+        seconds = simulate(build_task_graph(module, trial), profile, cost_model).iteration_s
+        if seconds < flags.simulated_s or "all-gather" not in flags.thresholds:
+            flags = XlaFlags(
+                {**thresholds, "all-gather": limit},
+                buckets,
+                seconds,
+                trial.all_gather_buckets,
+            )
+    return flags

@@ -43,6 +43,7 @@ from disco_xla.simulator.plan_kernels import (
     kernel_order,
     module_collectives,
     order_priorities,
+    other_tasks,
     plan_kernels,
 )
 
@@ -300,12 +301,13 @@ def build_task_graph(
     for bucket in plan.all_reduce_buckets:
         comms.add_bucket(bucket, tuple_buckets)
     collectives = module_collectives(index)
-    for atom, info in zip(collectives.others, collectives.other_info, strict=True):
-        comms.add_other(atom, info)
+    others = other_tasks(index, plan.all_gather_buckets)
+    for atoms, info in zip(others.atoms, others.info, strict=True):
+        comms.add_other(atoms, info)
     dependencies = _task_dependencies(index, task_of_atom, kernel_count + len(comms.communications))
     order = kernel_order(
         order_priorities(plan_kernel_parts, len(plan.fusion_groups)),
-        bucket_waits(plan_kernel_parts, plan.all_reduce_buckets, collectives.gradient_info),
+        bucket_waits(plan_kernel_parts, plan.all_reduce_buckets, collectives.gradient_info, others),
     )
     renumber = {old: new for new, old in enumerate(order)}
     renumber.update({t: t for t in range(kernel_count, len(dependencies))})
@@ -371,11 +373,16 @@ class _CommunicationTasks:
         else:
             self.tuple_element_bytes.append(())
 
-    def add_other(self, atom: int, info: CollectiveInfo) -> None:
-        self.task_of_atom[atom] = self.kernel_count + len(self.communications)
-        instr, key = self.index.atoms[atom]
-        label = instr.name + (f"@{key[-1]}" if key else "")
-        self.communications.append((label, info.size, (instr.name,)))
+    def add_other(self, atoms: tuple[int, ...], info: CollectiveInfo) -> None:
+        """One task of `plan_kernels.other_tasks`: a collective, or a bucket of
+        all-gathers (in one instance of their computation)."""
+        for atom in atoms:
+            self.task_of_atom[atom] = self.kernel_count + len(self.communications)
+        names = tuple(self.index.atoms[atom][0].name for atom in atoms)
+        key = self.index.atoms[atoms[0]][1]
+        label = names[0] if len(names) == 1 else f"bucket[{names[0]}..{names[-1]}]"
+        label += f"@{key[-1]}" if key else ""
+        self.communications.append((label, info.size, names))
         self.runs.append(info.runs)
         self.kinds.append(info.kind)
         self.groups.append((info.group, info.devices))

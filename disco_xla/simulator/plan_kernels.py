@@ -123,21 +123,27 @@ def kernel_predecessors(kernels: PlanKernels) -> list[set[int]]:
 
 
 def bucket_waits(
-    kernels: PlanKernels, buckets, gradient_info: dict[str, CollectiveInfo]
+    kernels: PlanKernels,
+    buckets,
+    gradient_info: dict[str, CollectiveInfo],
+    others: OtherTasks | None = None,
 ) -> list[set[int]]:
     """`kernel_predecessors` with the waits a plan's buckets add: a kernel that
     reads one gradient of a bucket of several waits for the producers of all of
     them, since the bucket is sent once they are all produced. Without these,
     the in-order compute stream could run a reader before another member's
     producer (in a loop body, whose kernel order places readers of collectives
-    late but not after every producer), and neither could then go on."""
+    late but not after every producer), and neither could then go on. The same
+    for the all-gather buckets among `others` (`other_tasks`)."""
     predecessors = kernel_predecessors(kernels)
     kernel_of_atom = kernels.kernel_of_atom
     producers_of_atom: dict[int, set[int]] = {}
-    for bucket in buckets:
-        if len(bucket) < 2:
-            continue
-        infos = [gradient_info[name] for name in bucket]
+    bucketed = [[gradient_info[name] for name in bucket] for bucket in buckets if len(bucket) > 1]
+    if others is not None:
+        bucketed += [
+            [info] for info, merged in zip(others.info, others.merged, strict=True) if merged
+        ]
+    for infos in bucketed:
         producers = {kernel_of_atom[a] for info in infos for a in info.producer_atoms}
         for info in infos:
             for atom in info.atoms:
@@ -233,6 +239,70 @@ def module_collectives(index: ModuleIndex) -> Collectives:
             {a: index.atoms[a][0].name for a in range(len(index.atoms)) if not index.is_compute[a]},
         )
     return found
+
+
+class OtherTasks(NamedTuple):
+    """The communication tasks of the collectives that are not gradients, for a
+    plan's all-gather buckets: one per collective atom, in atom order, except
+    that the members of an all-gather bucket of several are one task in each
+    instance of their computation (at the place of its first atom)."""
+
+    atoms: list[tuple[int, ...]]  # per task: its collective atoms
+    info: list[CollectiveInfo]  # per task: what its members bring together
+    merged: list[bool]  # per task: a bucket of several all-gathers
+
+
+_OTHER_TASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def other_tasks(index: ModuleIndex, all_gather_buckets) -> OtherTasks:
+    """`OtherTasks` of a plan with `all_gather_buckets` (cached per module)."""
+    collectives = module_collectives(index)
+    several = tuple(tuple(bucket) for bucket in all_gather_buckets if len(bucket) > 1)
+    if not several:
+        count = len(collectives.others)
+        return OtherTasks(
+            [(a,) for a in collectives.others], collectives.other_info, [False] * count
+        )
+    cache = _OTHER_TASKS.setdefault(index, {})
+    found = cache.get(several)
+    if found is not None:
+        return found
+    bucket_of = {name: number for number, bucket in enumerate(several) for name in bucket}
+    slot_of: dict[tuple[int, CallKey], int] = {}
+    members: list[list[tuple[int, CollectiveInfo]]] = []
+    for atom, info in zip(collectives.others, collectives.other_info, strict=True):
+        instr, key = index.atoms[atom]
+        number = bucket_of.get(instr.name)
+        slot = None if number is None else slot_of.get((number, key))
+        if slot is None:
+            if number is not None:
+                slot_of[(number, key)] = len(members)
+            members.append([(atom, info)])
+        else:
+            members[slot].append((atom, info))
+    found = cache[several] = OtherTasks(
+        [tuple(atom for atom, _ in task) for task in members],
+        [_merged_info([info for _, info in task]) for task in members],
+        [len(task) > 1 for task in members],
+    )
+    return found
+
+
+def _merged_info(infos: list[CollectiveInfo]) -> CollectiveInfo:
+    """What a bucket of collectives (one kind, group and computation) sends as
+    one message."""
+    if len(infos) == 1:
+        return infos[0]
+    atoms = [atom for info in infos for atom in info.atoms]
+    first = infos[0]
+    return first._replace(
+        size=sum(info.size for info in infos),
+        atoms=atoms,
+        producer_atoms=tuple(a for info in infos for a in info.producer_atoms),
+        reads=frozenset().union(*(info.reads for info in infos)) - set(atoms),
+        elements=(),
+    )
 
 
 def collective_info(index: ModuleIndex, atoms: list[int]) -> CollectiveInfo:

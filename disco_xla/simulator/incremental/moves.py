@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 
@@ -462,4 +463,4 @@ class KernelMoves:
 
     def _with_groups(self, groups: list[tuple[str, ...]]) -> Plan:
         plan = self.plan
-        return Plan(plan.module_name, plan.fingerprint, tuple(groups), plan.all_reduce_buckets)
+        return replace(plan, fusion_groups=tuple(groups))

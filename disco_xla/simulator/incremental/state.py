@@ -3,6 +3,7 @@ dependencies, and its communication tasks (`PlanState`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -23,10 +24,12 @@ from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.module_index import CallKey, ModuleIndex, module_index
 from disco_xla.simulator.plan_kernels import (
     CollectiveInfo,
+    bucket_waits,
     kernel_order,
     kernel_predecessors,
     module_collectives,
     order_priorities,
+    other_tasks,
     plan_kernels,
 )
 from disco_xla.simulator.profiles import ClusterProfile
@@ -78,7 +81,9 @@ class PlanState(KernelMoves):
     max_pred_position: np.ndarray  # per position, the latest position of an input
     # The collectives, whatever the buckets (`_collective_info`).
     name_of: dict[int, str]  # collective atom -> instruction name
-    others: list[int]  # atoms of the collectives that are not gradients
+    others: list[tuple[int, ...]]  # per other task (`other_tasks`): its collective atoms
+    other_number: dict[int, int]  # collective atom -> its other task
+    other_merged: list[bool]  # per other task: a bucket of several all-gathers
     gradient_info: dict[str, CommunicationInfo]  # by gradient all-reduce name
     other_info: list[CommunicationInfo]  # of each of `others`
     waiting: list[int]  # the kernels that read a collective
@@ -140,14 +145,28 @@ class PlanState(KernelMoves):
         # producer in the kernel order by data alone, the plan orders its kernels
         # by its buckets too (`plan_kernels.bucket_waits`): this state's moves
         # are then simulated in full. Elsewhere the two orders are the same.
-        self.full_only = False
+        # All-gather buckets whose readers would run before another member's
+        # producer reorder the kernels the same way, for every neighbour.
+        self.full_only = self._ordered_by_all_gather_buckets()
         try:
-            self.iteration_ps = self._iteration_ps()
+            self.iteration_ps = self._simulated_ps(plan) if self.full_only else self._iteration_ps()
         except RuntimeError:
             self.full_only = True
             self.iteration_ps = self._simulated_ps(plan)
 
     # -- construction ---------------------------------------------------------
+    def _ordered_by_all_gather_buckets(self) -> bool:
+        """Whether the plan's all-gather buckets add waits to the kernel order
+        (`plan_kernels.bucket_waits`): then `build_task_graph` orders the
+        kernels otherwise than this state, and every evaluation is a full
+        simulation."""
+        others = other_tasks(self.index, self.plan.all_gather_buckets)
+        if not any(others.merged):
+            return False
+        kernels = plan_kernels(self.index, self.groups)
+        waits = bucket_waits(kernels, (), {}, others)
+        return any(w - p for w, p in zip(waits, self.preds, strict=True))
+
     def _load_kernels(self) -> None:
         """The plan's kernels (`plan_kernels`), their durations, edges and
         priorities, and their order (`kernel_order`, as `build_task_graph`
@@ -196,7 +215,10 @@ class PlanState(KernelMoves):
         """What each gradient all-reduce and each other collective brings to a
         communication task in this plan (`CommunicationInfo`)."""
         collectives = module_collectives(self.index)
-        self.others, self.name_of = collectives.others, collectives.name_of
+        tasks = other_tasks(self.index, self.plan.all_gather_buckets)
+        self.others, self.name_of = tasks.atoms, collectives.name_of
+        self.other_number = {a: n for n, atoms in enumerate(tasks.atoms) for a in atoms}
+        self.other_merged = tasks.merged
         kernel_of_atom = self.kernel_of_atom
 
         def info(found: CollectiveInfo) -> CommunicationInfo:
@@ -205,7 +227,7 @@ class PlanState(KernelMoves):
         self.gradient_info = {
             name: info(found) for name, found in collectives.gradient_info.items()
         }
-        self.other_info = [info(found) for found in collectives.other_info]
+        self.other_info = [info(found) for found in tasks.info]
         self.waiting = [k for k, reads in enumerate(self.reads) if reads]
 
     def _rebucket_info(self) -> None:
@@ -218,7 +240,7 @@ class PlanState(KernelMoves):
             name: max((pos[k] for k in info.producers), default=-1)
             for name, info in self.gradient_info.items()
         }
-        other_names = {a: number for number, a in enumerate(self.others)}
+        other_names = self.other_number
         self.gradient_reads: dict[str, tuple[set[str], set[int]]] = {
             name: (
                 {name_of[a] for a in info.collective.reads if a not in other_names},
@@ -302,18 +324,22 @@ class PlanState(KernelMoves):
         found = self._bucket_cache[bucket] = (comm_ps, copy_ps, producer)
         return found
 
-    def _message_ps(self, members: list[CommunicationInfo]) -> tuple[int, int]:
-        """(communication ps, copy ps) of one task that sends `members` together,
-        for all its runs in a step (`events.communication_ps`, cached)."""
+    def _message_ps(
+        self, members: list[CommunicationInfo], merged: bool = False
+    ) -> tuple[int, int]:
+        """(communication ps, copy ps) of one task that sends `members` together
+        (or one `merged` all-gather bucket), for all its runs in a step
+        (`events.communication_ps`, cached)."""
         first = members[0].collective
         size = sum(member.collective.size for member in members)
-        elements = first.elements if len(members) == 1 else ()
+        several = merged or len(members) > 1
+        elements = () if several else first.elements
         group = (first.group, first.devices)  # a bucket holds one kind and one group
-        key = (size, len(members) > 1, elements, first.kind, group)
+        key = (size, several, elements, first.kind, group)
         costs = self._comm_cost_cache.get(key)
         if costs is None:
             costs = self._comm_cost_cache[key] = communication_ps(
-                size, len(members), self.profile, self.comm_cost, elements, first.kind, group
+                size, 2 if several else 1, self.profile, self.comm_cost, elements, first.kind, group
             )
         runs = first.runs  # a bucket's gradients share their computation
         return costs[0] * runs, costs[1] * runs
@@ -330,7 +356,7 @@ class PlanState(KernelMoves):
                 if name in bucket_of:
                     found.add(bucket_of[name])
                 else:
-                    found.add(others_from + self.others.index(source))
+                    found.add(others_from + self.other_number[source])
         return sorted(found)
 
     def comm_atoms_of(self, task: int) -> list[int]:
@@ -352,8 +378,9 @@ class PlanState(KernelMoves):
                     comm_of_atom[atom] = number
         self.comm_ps, self.copy_ps, self.comm_waits = [], [], []
         self.producers, self.producer_atoms, self.last_producer = [], [], []
+        merged = [False] * len(buckets) + self.other_merged
         for number, members in enumerate(tasks):
-            comm_ps, copy_ps = self._message_ps(members)
+            comm_ps, copy_ps = self._message_ps(members, merged[number])
             self.comm_ps.append(comm_ps)
             self.copy_ps.append(copy_ps)
             if len(members) == 1:
@@ -447,5 +474,4 @@ class PlanState(KernelMoves):
     # -- the neighbouring plans ----------------------------------------------
     def rebucketed_plan(self, buckets: tuple[tuple[str, ...], ...]) -> Plan:
         """This plan with `buckets` instead of its own."""
-        plan = self.plan
-        return Plan(plan.module_name, plan.fingerprint, plan.fusion_groups, buckets)
+        return replace(self.plan, all_reduce_buckets=buckets)

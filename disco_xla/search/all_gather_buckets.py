@@ -1,0 +1,100 @@
+"""All-gather buckets: XLA:GPU's all-gather combiner as a rule, and the sweep
+that picks a plan's all-gather buckets by simulated time.
+
+XLA:GPU combines all-gathers as it combines all-reduces: in program order,
+those of one kind (dtype, device groups, computation) go into one all-gather up
+to a threshold of bytes (`xla_gpu_all_gather_combine_threshold_bytes`, 30 MiB
+by default), never one that reads another of the same combined group. XLA:CPU
+has no all-gather combiner: its baselines keep every all-gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from disco_xla.hlo.collectives import collective_bytes
+from disco_xla.hlo.graph import HloModule
+from disco_xla.plan import all_gather_dependencies, all_gather_kinds, all_gathers
+
+MB = 1 << 20
+XLA_GPU_ALL_GATHER_COMBINE_BYTES = 30 * MB  # xla_gpu_all_gather_combine_threshold_bytes
+
+
+def combined_all_gathers(module: HloModule, limit_bytes: int) -> tuple[tuple[str, ...], ...]:
+    """The all-gather buckets XLA's combiner makes at `limit_bytes`: each kind's
+    all-gathers in program order, a bucket closed when the next would pass the
+    limit or reads (through any path) a member of it or an all-gather that does.
+    Buckets are in the order of their last member. () where no bucket holds two
+    (the module's own all-gathers)."""
+    gathers = all_gathers(module)
+    kinds = all_gather_kinds(module)
+    depends = all_gather_dependencies(module)
+    position = {instr.name: index for index, instr in enumerate(gathers)}
+    open_buckets: dict[tuple, tuple[list[str], set[str], list[int]]] = {}
+    closed: list[list[str]] = []
+    for instr in gathers:
+        name, kind, size = instr.name, kinds[instr.name], collective_bytes(instr)
+        current = open_buckets.get(kind)
+        if current is not None:
+            members, member_set, filled = current
+            earlier = depends.get(name, frozenset())
+            reads_bucket = any(
+                read in member_set or not depends.get(read, frozenset()).isdisjoint(member_set)
+                for read in earlier
+            )
+            if reads_bucket or filled[0] + size > limit_bytes:
+                closed.append(members)
+                current = None
+        if current is None:
+            current = open_buckets[kind] = ([], set(), [0])
+        current[0].append(name)
+        current[1].add(name)
+        current[2][0] += size
+    closed.extend(members for members, _, _ in open_buckets.values())
+    if all(len(members) == 1 for members in closed):
+        return ()
+    closed.sort(key=lambda members: position[members[-1]])
+    return tuple(tuple(members) for members in closed)
+
+
+def all_gather_sweep(module: HloModule) -> list[int]:
+    """The all-gather thresholds NVIDIA's guide would sweep for this module:
+    powers of two from 16 MiB up to the first at least all its all-gathers'
+    bytes, XLA's default, and, for steps too small to reach 16 MiB, each power
+    of two from 1 KiB up to their total."""
+    total = sum(collective_bytes(instr) for instr in all_gathers(module))
+    sweep = {XLA_GPU_ALL_GATHER_COMBINE_BYTES}
+    threshold = 1 << 10
+    while True:
+        if threshold >= 16 * MB or threshold < total:
+            sweep.add(threshold)
+        if threshold >= max(total, 16 * MB):
+            return sorted(sweep)
+        threshold *= 2
+
+
+def best_all_gather_buckets(
+    module: HloModule,
+    current: tuple[tuple[str, ...], ...],
+    price: Callable[[tuple[tuple[str, ...], ...]], float],
+    more: Iterable[tuple[tuple[str, ...], ...]] = (),
+) -> tuple[tuple[tuple[str, ...], ...], float]:
+    """The fastest all-gather buckets by `price` (the simulated step time of the
+    plan with them; inf where they cannot run) among `current`, `more`, none,
+    and the combiner's at every threshold of `all_gather_sweep`; ties keep the
+    earlier, so the result is `current` unless another is faster. Returns
+    (buckets, seconds)."""
+    best, best_s = current, price(current)
+    if not all_gathers(module):
+        return best, best_s
+    tried = {current}
+    candidates = [(), *more]
+    candidates += [combined_all_gathers(module, limit) for limit in all_gather_sweep(module)]
+    for buckets in candidates:
+        if buckets in tried:
+            continue
+        tried.add(buckets)
+        seconds = price(buckets)
+        if seconds < best_s:
+            best, best_s = buckets, seconds
+    return best, best_s
