@@ -20,9 +20,16 @@ under Horovod (`.venv-horovod`, TF 2.12) with six settings:
   the first steps picks the fastest of Horovod's own fusion, the legacy
   setting's buckets, and the plan grouped or packed; the job's timed steps
   come after the trial. The job starts under Horovod's default fusion;
-- `disco-legacy`: the same, the job started under the legacy setting. A running
-  job cannot change Horovod's cycle time, so what runs is measured under each
-  setting a user may start Horovod with.
+- `disco-legacy` and `disco-none`: the same, the job started under the legacy
+  setting or with fusion off. A running job cannot change Horovod's cycle time,
+  so what runs is measured under each setting a user may start Horovod with.
+
+Within each measured job, what runs is also compared with Horovod's own fusion
+at that job's setting, paired: the same program where the trial keeps Horovod's
+own (ratio 1), else the trial's confirmation rounds (`MeasuredHorovodStep`),
+which time the winner and Horovod's own alternately in the same job. Across
+jobs, two runs of one program here differed by up to 15%; within a job the
+pairs share the machine's state.
 
 Each setting of each round is its own job (Horovod reads its fusion settings at
 `hvd.init()`, and re-initialising it in one process failed here, see
@@ -60,11 +67,14 @@ import time
 
 MODELS = ("bert_encoder", "vgg16", "resnet50", "inception_v3")
 DEFAULT_MODELS = ("bert_encoder", "vgg16")
-SETTINGS = ("default", "legacy", "none", "plan", "disco", "disco-legacy")
-MEASURED = ("disco", "disco-legacy")  # the measured choice, under each Horovod setting
+SETTINGS = ("default", "legacy", "none", "plan", "disco", "disco-legacy", "disco-none")
+# The measured choice, under each Horovod setting.
+MEASURED = ("disco", "disco-legacy", "disco-none")
 # The Horovod fusion each setting's job starts with: the plan's buckets and the
 # measured choice run under Horovod's default, as a user's job would.
-_FUSION_OF = {"legacy": "legacy", "none": "none", "disco-legacy": "legacy"}
+_FUSION_OF = {"legacy": "legacy", "none": "none", "disco-legacy": "legacy", "disco-none": "none"}
+# Horovod's own job at the fusion setting each measured job starts with.
+_OWN_SETTING = {"disco": "default", "disco-legacy": "legacy", "disco-none": "none"}
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMESPACES = (("disco_ns0", "10.77.0.1", "disco_veth0"), ("disco_ns1", "10.77.0.2", "disco_veth1"))
 RENDEZVOUS_PORT = 47293
@@ -317,19 +327,17 @@ def summarise(model: str, rounds: list[dict]) -> dict:
     settings = list(rounds[0])
     medians = {s: statistics.median(r[s] for r in rounds) for s in settings}
     horovod = [s for s in HOROVOD_SETTINGS if s in settings]
+    summary = {"model": model, "rounds": len(rounds), "median_step_s": medians}
+    if not horovod:  # measured jobs alone: their within-job figures only
+        return summary
     best = [min(r[s] for s in horovod) for r in rounds]
-    summary = {
-        "model": model,
-        "rounds": len(rounds),
-        "median_step_s": medians,
-        "best_horovod": min(horovod, key=lambda s: medians[s]),
-    }
+    summary["best_horovod"] = min(horovod, key=lambda s: medians[s])
     for ours in ("plan", *MEASURED):
         if ours in settings:
             ratios = [b / r[ours] for b, r in zip(best, rounds, strict=True)]
             summary[f"best_horovod_over_{ours}_paired"] = statistics.median(ratios)
             summary[f"{ours}_rounds_at_least_best"] = sum(ratio >= 1 for ratio in ratios)
-    for ours, own in (("disco", "default"), ("disco-legacy", "legacy")):
+    for ours, own in _OWN_SETTING.items():
         if ours in settings and own in settings:  # under the same Horovod setting
             ratios = [r[own] / r[ours] for r in rounds]
             summary[f"{own}_over_{ours}_paired"] = statistics.median(ratios)
@@ -339,6 +347,32 @@ def summarise(model: str, rounds: list[dict]) -> dict:
         summary["best_horovod_over_best_disco_paired"] = statistics.median(ratios)
         summary["best_disco_rounds_at_least_best"] = sum(ratio >= 1 for ratio in ratios)
     return summary
+
+
+def within_job_ratio(trial: dict) -> float:
+    """Horovod's own fusion over what a measured job runs, paired inside the
+    job: 1 where what runs is Horovod's own (kept by the trial, or sent back
+    by the confirmation), else the confirmation rounds' median of Horovod's
+    own over the winner's. Those rounds also decided, so the ratio of a
+    confirmed winner is above 1 by construction: it is the job's own sample,
+    not a third one."""
+    confirmation = trial.get("confirmation") or {}
+    if not confirmation:
+        return 1.0
+    ratio = confirmation["reference_s"] / confirmation["candidate_s"]
+    return ratio if confirmation["confirmed"] else 1.0
+
+
+def within_job_ratios(trials: list[dict]) -> dict:
+    """For each measured setting: the within-job ratio of every round, and how
+    many rounds ran a program other than Horovod's own."""
+    found: dict = {}
+    for trial in trials:
+        setting = trial["setting"]
+        found.setdefault(f"{setting}_own_over_ran_within_job", []).append(within_job_ratio(trial))
+        key = f"{setting}_rounds_not_horovod"
+        found[key] = found.get(key, 0) + (trial["chosen"] != "horovod")
+    return found
 
 
 def _run_job(model: str, setting: str, files: dict, args, directory: str) -> dict:
@@ -372,7 +406,7 @@ def _measure(model: str, files: dict, args, directory: str) -> dict:
                 details["plan_buckets"] = result["plan_buckets"]
             if setting in MEASURED:
                 chosen.append(f"{setting}:{result['trial']['chosen']}")
-                trials.append(result["trial"])
+                trials.append({"setting": setting, **result["trial"]})
                 print(f"{model} {setting} trial: {json.dumps(result['trial'])}", file=sys.stderr)
         rounds.append(figures)
         print(
@@ -383,6 +417,7 @@ def _measure(model: str, files: dict, args, directory: str) -> dict:
         )
     return {
         **summarise(model, rounds),
+        **within_job_ratios(trials),
         "parameter_bytes": details["parameter_bytes"],
         "gradients": details["gradients"],
         "plan_buckets": details.get("plan_buckets"),
@@ -449,6 +484,8 @@ def main() -> int:
     header = f"{'model':<14}{'buckets':>8}" + "".join(f"{s:>14}" for s in settings)
     ours = [s for s in ("plan", *MEASURED) if s in settings]
     ours += ["best_disco"] if any(s in settings for s in MEASURED) else []
+    if not any(s in settings for s in HOROVOD_SETTINGS):
+        ours = []  # no Horovod-only job to compare across jobs with
     print(header + "".join(f"{'best/' + s:>20}" for s in ours) + "  (median step, ms)")
     for summary in summaries:
         medians = summary["median_step_s"]
@@ -456,9 +493,17 @@ def main() -> int:
         buckets = len(summary["plan_buckets"])
         ratios = "".join(f"{summary[f'best_horovod_over_{s}_paired']:>19.3f}x" for s in ours)
         ran = ",".join(sorted(set(summary["disco_chose"])))
+        within = "".join(
+            f"; {s} own/ran in the job {statistics.median(summary[key]):.3f}"
+            for s in MEASURED
+            if (key := f"{s}_own_over_ran_within_job") in summary
+        )
         print(
             f"{summary['model']:<14}{buckets:>8}{cells}{ratios}"
-            f"  (best Horovod: {summary['best_horovod']}" + (f"; disco ran {ran})" if ran else ")")
+            f"  (best Horovod: {summary.get('best_horovod', '-')}"
+            + (f"; disco ran {ran}" if ran else "")
+            + within
+            + ")"
         )
     print(f"load average (1 min) before / after: {load_before:.2f} / {load_after:.2f}")
     return 0

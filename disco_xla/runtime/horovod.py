@@ -281,16 +281,21 @@ class MeasuredHorovodStep:
       round. After the first round a candidate over `_DROP_SLOWER_THAN` times the
       fastest is dropped;
     - then the ranks average their per-round times (`hvd.allreduce`), so every
-      rank reaches the same verdict, and every later call runs the fastest of
-      the candidates that beat the reference in every round by a median at
-      least `_MIN_GAIN` below its own; else the reference. The other
-      candidates' steps are then released.
+      rank reaches the same verdict: the fastest of the candidates that beat
+      the reference in every round by a median at least `_MIN_GAIN` below its
+      own; else the reference. The other candidates' steps are then released;
+    - a winner other than the reference is confirmed in `confirm_rounds` more
+      rounds of the two alone, paired (each round one call of each, the order
+      alternating): it runs from then on only if its median over them, agreed
+      by the ranks, is below the reference's; else the reference runs. These
+      rounds are a second sample of the same comparison, so a winner the
+      trial's noise made is caught twice over.
 
     Each candidate's collectives are named under its name (`HorovodStep`), so
     Horovod's response cache never confuses two candidates' tensors.
 
-    `measurements()` gives each candidate's time and the choice. Call
-    `hvd.init()` first; the variables are broadcast from rank 0.
+    `measurements()` gives each candidate's time, the confirmation and the
+    choice. Call `hvd.init()` first; the variables are broadcast from rank 0.
     """
 
     def __init__(
@@ -301,6 +306,7 @@ class MeasuredHorovodStep:
         learning_rate: float = 0.01,
         rounds: int = 5,
         rtol: float = 1e-5,
+        confirm_rounds: int = 3,
     ):
         import horovod.tensorflow as hvd
 
@@ -321,9 +327,12 @@ class MeasuredHorovodStep:
                 name=name,
                 gradients=reference.gradients if reference else None,
             )
-        self.rounds, self.rtol = rounds, rtol
+        self.rounds, self.rtol, self.confirm_rounds = rounds, rtol, confirm_rounds
         self.dropped: dict[str, str] = {}
         self.times_s: dict[str, list[float]] = {name: [] for name in self.names}
+        self.confirm_s: dict[str, list[float]] = {}  # the confirmation's times, by name
+        self.confirmation: dict = {}  # what the confirmation measured and decided
+        self._winner: str | None = None  # the trial's winner, while it is confirmed
         self.chosen: str | None = None
         self.agreed_s: dict[str, float] = {}  # the medians the ranks agreed on
         self.faster_rounds: dict[str, int] = {}  # rounds each beat the reference in
@@ -346,7 +355,8 @@ class MeasuredHorovodStep:
         loss = self.steps[name](inputs, labels)
         loss.numpy()
         if timed:
-            self.times_s[name].append(time.perf_counter() - start)
+            times = self.confirm_s if self._winner is not None else self.times_s
+            times.setdefault(name, []).append(time.perf_counter() - start)
         return loss
 
     def _live(self) -> list[str]:
@@ -382,6 +392,9 @@ class MeasuredHorovodStep:
 
     def _next_round(self) -> None:
         """Queue the next timed round, or reach the verdict."""
+        if self._winner is not None:
+            self._confirm()
+            return
         if self._round == 0:
             self._drop_slow()
         self._round += 1
@@ -442,12 +455,52 @@ class MeasuredHorovodStep:
             if faster == len(times[reference])
             and medians[name] <= (1.0 - _MIN_GAIN) * medians[reference]
         ]
-        self.chosen = min(clearly_faster, key=medians.__getitem__, default=reference)
-        self.steps = {self.chosen: self.steps[self.chosen]}
+        winner = min(clearly_faster, key=medians.__getitem__, default=reference)
+        if winner == reference or self.confirm_rounds < 1:
+            self._run(winner)
+            return
+        self._winner = winner
+        self.steps = {name: self.steps[name] for name in (winner, reference)}
+        pairs = [(winner, reference), (reference, winner)]
+        self._queue = [
+            (name, True) for index in range(self.confirm_rounds) for name in pairs[index % 2]
+        ]
+
+    def _confirm(self) -> None:
+        """The confirmation's verdict (the class docstring), from the times the
+        ranks agreed on."""
+        winner, reference = self._winner, self.names[0]
+        rounds = min(len(self.confirm_s[winner]), len(self.confirm_s[reference]))
+        times = [self.confirm_s[name][:rounds] for name in (winner, reference)]
+        agreed = self._agree(times, self._hvd.Average, "disco_confirm")
+        winner_s, reference_s = (float(statistics.median(row)) for row in agreed)
+        kept = bool(winner_s < reference_s)
+        self.confirmation = {
+            "candidate": winner,
+            "rounds": rounds,
+            "candidate_s": winner_s,
+            "reference_s": reference_s,
+            "confirmed": kept,
+        }
+        self._winner = None
+        self._run(winner if kept else reference)
+
+    def _run(self, name: str) -> None:
+        """Run `name` from now on, release the other steps, and say so."""
+        self.chosen = name
+        self.steps = {name: self.steps[name]}
         if self._hvd.rank() == 0:
-            times_ms = ", ".join(f"{name} {t * 1e3:.2f} ms" for name, t in medians.items())
-            dropped = "".join(f"; {name} dropped: {why}" for name, why in self.dropped.items())
-            verdict = f"disco-xla: Horovod step runs {self.chosen} ({times_ms}{dropped})"
+            medians = self.agreed_s
+            times_ms = ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in medians.items())
+            dropped = "".join(f"; {n} dropped: {why}" for n, why in self.dropped.items())
+            confirmed = ""
+            if self.confirmation:
+                c = self.confirmation
+                confirmed = (
+                    f"; confirmation: {c['candidate']} {c['candidate_s'] * 1e3:.2f} ms against "
+                    f"{c['reference_s'] * 1e3:.2f} ms over {c['rounds']} rounds"
+                )
+            verdict = f"disco-xla: Horovod step runs {name} ({times_ms}{dropped}{confirmed})"
             print(verdict, file=sys.stderr)
 
     def measurements(self) -> dict:
@@ -458,6 +511,7 @@ class MeasuredHorovodStep:
             "chosen": self.chosen,
             "measured_s": dict(self.agreed_s),
             "faster_rounds": dict(self.faster_rounds),
+            "confirmation": dict(self.confirmation),
             "dropped": dict(self.dropped),
             "rounds": self.rounds,
             "calls": self._calls,

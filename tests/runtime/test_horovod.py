@@ -339,8 +339,8 @@ def test_calibrated_horovod_profile_loads_and_the_measured_choice_agrees_on_ever
         for name, rounds in verdict["faster_rounds"].items()
         if rounds == verdict["rounds"] and measured[name] <= (1 - _MIN_GAIN) * measured["horovod"]
     ]
-    assert verdict["chosen"] == min(clearly_faster, key=measured.get, default="horovod")
-    assert measured[verdict["chosen"]] <= measured["horovod"]
+    winner = min(clearly_faster, key=measured.get, default="horovod")
+    _check_confirmation(verdict, winner)
     # Each candidate's collectives have keys of their own in Horovod's cache.
     scopes = {part for name in _timeline_all_reduces(timeline) for part in name.split("/")}
     assert scopes >= set(measured) | {"horovod-legacy", "plan-packed"}
@@ -354,3 +354,51 @@ def test_calibrated_horovod_profile_loads_and_the_measured_choice_agrees_on_ever
         chosen, own = (np.load(tmp_path / f"{s}.rank{rank}.npz") for s in ("disco", "default"))
         for name in own.files:
             np.testing.assert_allclose(chosen[name], own[name], rtol=0, atol=1e-6)
+
+
+def _check_confirmation(verdict: dict, winner: str) -> None:
+    """What runs after the trial's `winner`: Horovod's own where it won, else
+    the winner only if its confirmation rounds were faster too."""
+    confirmation = verdict["confirmation"]
+    if winner == "horovod":
+        assert confirmation == {} and verdict["chosen"] == "horovod"
+        return
+    assert confirmation["candidate"] == winner and confirmation["rounds"] == 3
+    kept = confirmation["candidate_s"] < confirmation["reference_s"]
+    assert confirmation["confirmed"] == kept
+    assert verdict["chosen"] == (winner if kept else "horovod")
+
+
+@needs_horovod
+def test_a_clear_winner_is_confirmed_in_paired_rounds_before_it_runs(bert_plan, tmp_path):
+    # Started with Horovod's fusion off, its own is one response per gradient:
+    # the plan's packed buckets beat it in every round.
+    verdicts = tmp_path / "verdict"
+    arguments = _worker("disco-none", bert_plan, tmp_path, "--verdicts", str(verdicts))
+    launched = run_cli(
+        "launch", "--engine", "horovod", "-n", "2", "--timeout-s", "300", WORKER,
+        *arguments, "--trial-rounds", "2", timeout_s=360,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"verdict.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0] == ranks[1]  # the ranks agree on the confirmation too
+    verdict = ranks[0]
+    measured = verdict["measured_s"]
+    winner = min(
+        (n for n, r in verdict["faster_rounds"].items() if r == verdict["rounds"]),
+        key=measured.get,
+    )
+    assert winner != "horovod" and measured[winner] <= (1 - _MIN_GAIN) * measured["horovod"]
+    _check_confirmation(verdict, winner)
+    assert "confirmation:" in launched.stderr
+    # The confirmation's calls were training steps too: the parameters are
+    # Horovod's own after as many steps.
+    own = _worker("none", bert_plan, tmp_path)
+    own[own.index("--steps") + 1] = str(verdict["calls"])
+    assert launch_horovod(WORKER, own, 2, timeout_s=240) == 0
+    for rank in (0, 1):
+        chosen, reference = (
+            np.load(tmp_path / f"{s}.rank{rank}.npz") for s in ("disco-none", "none")
+        )
+        for name in reference.files:
+            np.testing.assert_allclose(chosen[name], reference[name], rtol=0, atol=1e-6)
