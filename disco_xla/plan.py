@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.collectives import collective_scope, device_groups, gathered_devices
@@ -290,35 +291,68 @@ def bucket_kinds(module: HloModule) -> dict[str, tuple]:
     }
 
 
-def _check_buckets(plan, module, by_name, source) -> None:
-    gradients = {a.name: a for a in module.gradient_all_reduces}
-    kind = bucket_kinds(module)
+class _BucketWords(NamedTuple):
+    """How `_check_partition`'s errors name one kind of bucket."""
+
+    bucket: str  # 'bucket'
+    member: str  # 'a gradient all-reduce'
+    members: str  # 'all-reduces' (in a bucket that mixes them)
+    shared: str  # what members must share
+    unplaced: str  # '{count} gradient all-reduces are in no bucket'
+    empty: str  # 'all-reduce bucket' (one that holds none)
+
+
+_ALL_REDUCE_WORDS = _BucketWords(
+    "bucket",
+    "a gradient all-reduce",
+    "all-reduces",
+    "dtype, reduction, device groups or computation",
+    "{count} gradient all-reduces are in no bucket",
+    "all-reduce bucket",
+)
+_ALL_GATHER_WORDS = _BucketWords(
+    "all-gather bucket",
+    "an all-gather of one array over one dimension",
+    "all-gathers",
+    "dtype, device groups or computation",
+    "{count} all-gathers are in no all-gather bucket",
+    "all-gather bucket",
+)
+
+
+def _check_partition(buckets, kind: dict[str, tuple], words: _BucketWords, source) -> dict:
+    """Raise DiscoInputError unless `buckets` partition the names of `kind`,
+    each bucket of one kind; returns each name's bucket."""
     bucket_of: dict[str, int] = {}
-    for index, bucket in enumerate(plan.all_reduce_buckets):
+    for index, bucket in enumerate(buckets):
         if not bucket:
-            raise DiscoInputError(source, f"all-reduce bucket {index} is empty")
+            raise DiscoInputError(source, f"{words.empty} {index} is empty")
         for name in bucket:
-            if name not in gradients:
+            if name not in kind:
                 raise DiscoInputError(
-                    source, f"bucket {index}: {name!r} is not a gradient all-reduce"
+                    source, f"{words.bucket} {index}: {name!r} is not {words.member}"
                 )
             if name in bucket_of:
                 raise DiscoInputError(
-                    source, f"{name!r} is in buckets {bucket_of[name]} and {index}"
+                    source, f"{name!r} is in {words.bucket}s {bucket_of[name]} and {index}"
                 )
             bucket_of[name] = index
-        kinds = {kind[n] for n in bucket}
-        if len(kinds) > 1:
+        if len({kind[n] for n in bucket}) > 1:
             raise DiscoInputError(
                 source,
-                f"bucket {index} mixes all-reduces of different dtype, reduction, device "
-                "groups or computation",
+                f"{words.bucket} {index} mixes {words.members} of different {words.shared}",
             )
-    missing = sorted(set(gradients) - set(bucket_of))
+    missing = sorted(set(kind) - set(bucket_of))
     if missing:
-        raise DiscoInputError(
-            source, f"{len(missing)} gradient all-reduces are in no bucket, e.g. {missing[0]!r}"
-        )
+        unplaced = words.unplaced.format(count=len(missing))
+        raise DiscoInputError(source, f"{unplaced}, e.g. {missing[0]!r}")
+    return bucket_of
+
+
+def _check_buckets(plan, module, by_name, source) -> None:
+    bucket_of = _check_partition(
+        plan.all_reduce_buckets, bucket_kinds(module), _ALL_REDUCE_WORDS, source
+    )
     # Each gradient after the gradients whose all-reduced values it is computed from.
     for name, earlier in gradient_dependencies(module).items():
         own = bucket_of[name]
@@ -395,34 +429,7 @@ def all_gather_dependencies(module: HloModule) -> dict[str, frozenset[str]]:
 
 
 def _check_all_gather_buckets(plan: Plan, module: HloModule, source: str) -> None:
-    kind = all_gather_kinds(module)
-    bucket_of: dict[str, int] = {}
-    for index, bucket in enumerate(plan.all_gather_buckets):
-        if not bucket:
-            raise DiscoInputError(source, f"all-gather bucket {index} is empty")
-        for name in bucket:
-            if name not in kind:
-                raise DiscoInputError(
-                    source,
-                    f"all-gather bucket {index}: {name!r} is not an all-gather of one "
-                    "array over one dimension",
-                )
-            if name in bucket_of:
-                raise DiscoInputError(
-                    source, f"{name!r} is in all-gather buckets {bucket_of[name]} and {index}"
-                )
-            bucket_of[name] = index
-        if len({kind[name] for name in bucket}) > 1:
-            raise DiscoInputError(
-                source,
-                f"all-gather bucket {index} mixes all-gathers of different dtype, device "
-                "groups or computation",
-            )
-    missing = sorted(set(kind) - set(bucket_of))
-    if missing:
-        raise DiscoInputError(
-            source, f"{len(missing)} all-gathers are in no all-gather bucket, e.g. {missing[0]!r}"
-        )
+    _check_partition(plan.all_gather_buckets, all_gather_kinds(module), _ALL_GATHER_WORDS, source)
     if not buckets_follow_dependencies(plan.all_gather_buckets, all_gather_dependencies(module)):
         raise DiscoInputError(
             source, "an all-gather bucket depends on itself or on a bucket after it"

@@ -28,9 +28,9 @@ from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.concatenated_collectives import (
     PendingReplacements,
     array_shape,
+    bucket_in_order,
     collective_of_concatenation,
     column_ranges,
-    order_after,
     slice_of,
     transpose,
 )
@@ -51,25 +51,7 @@ class BucketAllGathers:
     def run(self, module: HloModule) -> bool:
         """Bucket the all-gathers (named in `module`, a valid plan's); returns
         whether the module changed."""
-        changed = False
-        previous_id: dict[str, int] = {}  # the last bucket so far in each computation
-        replaced = PendingReplacements()
-        for index, bucket in enumerate(self.all_gather_buckets):
-            members = [module.instruction(name) for name in bucket]
-            computation = members[0].computation
-            if len(members) == 1:
-                current_id = members[0].id
-            else:
-                current_id = _concatenate_all_gathers(module, index, members, replaced)
-                changed = True
-            if computation.name in previous_id:
-                order_after(computation, current_id, previous_id[computation.name])
-                changed = True
-            previous_id[computation.name] = current_id
-        replaced.apply(module)
-        if changed:
-            module.rebuild()
-        return changed
+        return bucket_in_order(module, self.all_gather_buckets, _concatenate_all_gathers)
 
 
 def _concatenate_all_gathers(

@@ -39,9 +39,9 @@ from disco_xla.hlo.shapes import F32_TYPE
 from disco_xla.hlo_passes.concatenated_collectives import (
     PendingReplacements,
     array_shape,
+    bucket_in_order,
     collective_of_concatenation,
     column_ranges,
-    order_after,
     slice_of,
     transpose,
     vector_shape,
@@ -68,30 +68,12 @@ class BucketAllReduces:
     def run(self, module: HloModule) -> bool:
         """Bucket the all-reduces (named in `module`, a valid plan's); returns
         whether the module changed."""
-        changed = False
-        previous_id: dict[str, int] = {}  # the last bucket so far in each computation
-        replaced = PendingReplacements()
-        for index, bucket in enumerate(self.all_reduce_buckets):
-            members = [module.instruction(name) for name in bucket]
-            computation = members[0].computation
-            if len(members) == 1:
-                current_id = members[0].id
-            elif members[0].opcode == "reduce-scatter":
-                current_id = _concatenate_reduce_scatters(module, index, members, replaced)
-                changed = True
-            else:
-                current_id = _concatenate_bucket(
-                    module, index, members, self.widen_narrow_floats, replaced
-                )
-                changed = True
-            if computation.name in previous_id:
-                order_after(computation, current_id, previous_id[computation.name])
-                changed = True
-            previous_id[computation.name] = current_id
-        replaced.apply(module)
-        if changed:
-            module.rebuild()
-        return changed
+        return bucket_in_order(module, self.all_reduce_buckets, self._concatenate)
+
+    def _concatenate(self, module: HloModule, index: int, members, replaced) -> int:
+        if members[0].opcode == "reduce-scatter":
+            return _concatenate_reduce_scatters(module, index, members, replaced)
+        return _concatenate_bucket(module, index, members, self.widen_narrow_floats, replaced)
 
 
 def _concatenate_bucket(

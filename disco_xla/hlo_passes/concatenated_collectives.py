@@ -5,6 +5,8 @@ plan order by control dependencies."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from disco_xla.hlo import edit
 from disco_xla.hlo.graph import Computation, HloModule, Instruction
 from disco_xla.hlo.hlo_schema import ShapeProto
@@ -41,6 +43,37 @@ class PendingReplacements:
             root = computation.proto.root_id
             computation.proto.root_id = new_for_old.get(root, root)
         module.remove_instructions(self._members)
+
+
+def bucket_in_order(
+    module: HloModule,
+    buckets: Sequence[tuple[str, ...]],
+    concatenate: Callable[[HloModule, int, list, PendingReplacements], int],
+) -> bool:
+    """What both bucketing passes do with a plan's `buckets` in order: a bucket
+    of several becomes `concatenate(module, index, members, replaced)` (the id
+    of its one collective), a bucket of one keeps its collective, and each
+    bucket runs after the one before it in the same computation (a control
+    dependency cannot cross a computation). Returns whether the module changed."""
+    changed = False
+    previous_id: dict[str, int] = {}  # the last bucket so far in each computation
+    replaced = PendingReplacements()
+    for index, bucket in enumerate(buckets):
+        members = [module.instruction(name) for name in bucket]
+        computation = members[0].computation
+        if len(members) == 1:
+            current_id = members[0].id
+        else:
+            current_id = concatenate(module, index, members, replaced)
+            changed = True
+        if computation.name in previous_id:
+            order_after(computation, current_id, previous_id[computation.name])
+            changed = True
+        previous_id[computation.name] = current_id
+    replaced.apply(module)
+    if changed:
+        module.rebuild()
+    return changed
 
 
 def collective_of_concatenation(

@@ -11,10 +11,22 @@ has no all-gather combiner: its baselines keep every all-gather.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
+from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.collectives import collective_bytes
 from disco_xla.hlo.graph import HloModule
-from disco_xla.plan import all_gather_dependencies, all_gather_kinds, all_gathers
+from disco_xla.plan import (
+    Plan,
+    all_gather_dependencies,
+    all_gather_kinds,
+    all_gathers,
+    verify_plan,
+)
+from disco_xla.simulator.cost_models import CostModel
+from disco_xla.simulator.events import simulate
+from disco_xla.simulator.kernels import build_task_graph
+from disco_xla.simulator.profiles import ClusterProfile
 
 MB = 1 << 20
 XLA_GPU_ALL_GATHER_COMBINE_BYTES = 30 * MB  # xla_gpu_all_gather_combine_threshold_bytes
@@ -55,6 +67,29 @@ def combined_all_gathers(module: HloModule, limit_bytes: int) -> tuple[tuple[str
         return ()
     closed.sort(key=lambda members: position[members[-1]])
     return tuple(tuple(members) for members in closed)
+
+
+def fastest_combined(
+    module: HloModule,
+    plan: Plan,
+    limits: Iterable[int],
+    profile: ClusterProfile,
+    cost_model: CostModel,
+) -> tuple[Plan, float, int] | None:
+    """`plan` with the combiner's all-gather buckets at whichever of `limits`
+    simulates fastest (the first of equals): (plan, seconds, limit); None where
+    none of them gives a legal plan."""
+    best = None
+    for limit in limits:
+        trial = replace(plan, all_gather_buckets=combined_all_gathers(module, limit))
+        try:
+            verify_plan(trial, module)
+        except DiscoInputError:
+            continue
+        seconds = simulate(build_task_graph(module, trial), profile, cost_model).iteration_s
+        if best is None or seconds < best[1]:
+            best = (trial, seconds, limit)
+    return best
 
 
 def all_gather_sweep(module: HloModule) -> list[int]:

@@ -72,7 +72,7 @@ from disco_xla.plan import (
 )
 from disco_xla.search.all_gather_buckets import (
     XLA_GPU_ALL_GATHER_COMBINE_BYTES,
-    combined_all_gathers,
+    fastest_combined,
 )
 from disco_xla.search.fusion_source import XlaFusion, compiled_fusion
 from disco_xla.simulator.comm import all_reduce_s
@@ -387,22 +387,10 @@ def xla_gpu_all_gathers(
         limits = threshold_sweep(sum(collective_bytes(instr) for instr in gathers))
     else:
         limits = [XLA_GPU_ALL_GATHER_COMBINE_BYTES]
-    best, best_s, best_limit = plan, math.inf, limits[0]
-    for limit in limits:
-        trial = replace(plan, all_gather_buckets=combined_all_gathers(module, limit))
-        try:
-            verify_plan(trial, module)
-        except DiscoInputError:
-            continue
-        seconds = (
-            simulate(build_task_graph(module, trial), profile, cost_model).iteration_s
-            if len(limits) > 1
-            else 0.0
-        )
-        if seconds < best_s:
-            best, best_s, best_limit = trial, seconds, limit
-    if best is plan:
+    found = fastest_combined(module, plan, limits, profile, cost_model)
+    if found is None:
         return plan, ", all-gathers one by one (the combiner's buckets are not legal here)"
+    best, _, best_limit = found
     return best, f", all-gathers combined up to {best_limit // MB} MB"
 
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.collectives import collective_bytes
 from disco_xla.hlo.graph import HloModule
-from disco_xla.plan import Plan, all_gathers, verify_plan
-from disco_xla.search.all_gather_buckets import combined_all_gathers
+from disco_xla.plan import Plan, all_gathers
+from disco_xla.search.all_gather_buckets import fastest_combined
 from disco_xla.search.baselines import (
     bucketing_price,
     gradient_kinds,
@@ -96,19 +95,9 @@ def closest_xla_flags(
     gathered = {instr.name: collective_bytes(instr) for instr in gathers}
     bucket_sizes = [sum(gathered[name] for name in bucket) for bucket in plan.all_gather_buckets]
     limits = sorted({*threshold_sweep(sum(gathered.values())), *bucket_sizes})
-    program = flags.plan(module, xla_fusion)
-    for limit in limits:
-        trial = replace(program, all_gather_buckets=combined_all_gathers(module, limit))
-        try:
-            verify_plan(trial, module)
-        except DiscoInputError:
-            continue
-        seconds = simulate(build_task_graph(module, trial), profile, cost_model).iteration_s
-        if seconds < flags.simulated_s or "all-gather" not in flags.thresholds:
-            flags = XlaFlags(
-                {**thresholds, "all-gather": limit},
-                buckets,
-                seconds,
-                trial.all_gather_buckets,
-            )
+    found = fastest_combined(module, flags.plan(module, xla_fusion), limits, profile, cost_model)
+    if found is not None:
+        program, seconds, limit = found
+        thresholds = {**thresholds, "all-gather": limit}
+        flags = XlaFlags(thresholds, buckets, seconds, program.all_gather_buckets)
     return flags
