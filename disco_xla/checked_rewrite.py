@@ -52,7 +52,7 @@ def rewrite(
 ) -> HloModule:
     """The module rewritten to run `plan` (only its buckets with `fusion=False`),
     verified to compile to its buckets unless `check=False` (then the caller
-    compiles it and calls `runtime.apply.check_all_reduces`). Only the groups
+    compiles it and calls `runtime.apply.check_collectives`). Only the groups
     that depart from XLA's own fusion get a boundary."""
     source = source or f"<plan for {module.name}>"
     left_to_xla = xla_own_groups(module) if fusion else None

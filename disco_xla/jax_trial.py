@@ -23,8 +23,7 @@ from disco_xla.planning import PlanChoice, find_plan
 from disco_xla.runtime.agreement import AgreementError, broadcast, gather
 from disco_xla.runtime.apply import (
     NO_COMBINER,
-    check_all_gathers,
-    check_all_reduces,
+    check_collectives,
     compare_outputs,
     compile_separately,
     differing_outputs,
@@ -231,9 +230,7 @@ class JaxTrial(Trial):
         self.peak_bytes[label] = peak_bytes(stats)
         check_memory(original_stats, stats)
         if plan is not None:
-            compiled = program.compiled_module()
-            check_all_reduces(self.module, plan, compiled)
-            check_all_gathers(self.module, plan, compiled)
+            check_collectives(self.module, plan, program.compiled_module())
         return program
 
     def _run(self, label: str, program):

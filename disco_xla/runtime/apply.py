@@ -80,7 +80,7 @@ def apply_plan(
 ) -> HloModule:
     """A rewritten copy of `module` that runs `plan`; raises RewriteError if the
     result does not compile to the plan's all-reduces (`check=False` leaves that
-    to the caller, who compiles it anyway: `check_all_reduces`). With
+    to the caller, who compiles it anyway: `check_collectives`). With
     `fusion=False` only the buckets are applied and XLA fuses as it would (its
     results are then bit-equal to the original's, where enforced fusion groups
     may change the order of floating-point reductions).
@@ -96,8 +96,7 @@ def apply_plan(
             compiled = compile_module(rewritten, NO_COMBINER)
         except Exception as error:  # noqa: BLE001 - any XLA failure is a failed rewrite
             raise RewriteError(f"the rewritten module does not compile: {error}") from None
-        check_all_reduces(module, plan, compiled)
-        check_all_gathers(module, plan, compiled)
+        check_collectives(module, plan, compiled)
     return rewritten
 
 
@@ -120,6 +119,13 @@ def plan_pipeline(
     if plan.all_gather_buckets:
         passes.append(BucketAllGathers(plan.all_gather_buckets))
     return passes
+
+
+def check_collectives(original: HloModule, plan: Plan, compiled: HloModule) -> None:
+    """Raise RewriteError unless `compiled` sends the plan's buckets of both
+    kinds (`check_all_reduces`, `check_all_gathers`)."""
+    check_all_reduces(original, plan, compiled)
+    check_all_gathers(original, plan, compiled)
 
 
 def check_all_reduces(original: HloModule, plan: Plan, compiled: HloModule) -> None:

@@ -35,34 +35,31 @@ XLA_GPU_ALL_GATHER_COMBINE_BYTES = 30 * MB  # xla_gpu_all_gather_combine_thresho
 def combined_all_gathers(module: HloModule, limit_bytes: int) -> tuple[tuple[str, ...], ...]:
     """The all-gather buckets XLA's combiner makes at `limit_bytes`: each kind's
     all-gathers in program order, a bucket closed when the next would pass the
-    limit or reads (through any path) a member of it or an all-gather that does.
-    Buckets are in the order of their last member. () where no bucket holds two
-    (the module's own all-gathers)."""
+    limit or reads a member of it (through any path: the dependencies are
+    transitive). Buckets are in the order of their last member. () where no
+    bucket holds two (the module's own all-gathers)."""
     gathers = all_gathers(module)
     kinds = all_gather_kinds(module)
     depends = all_gather_dependencies(module)
     position = {instr.name: index for index, instr in enumerate(gathers)}
-    open_buckets: dict[tuple, tuple[list[str], set[str], list[int]]] = {}
+    open_buckets: dict[tuple, list[str]] = {}  # by kind
+    filled: dict[tuple, int] = {}  # bytes of each open bucket
     closed: list[list[str]] = []
     for instr in gathers:
         name, kind, size = instr.name, kinds[instr.name], collective_bytes(instr)
-        current = open_buckets.get(kind)
-        if current is not None:
-            members, member_set, filled = current
-            earlier = depends.get(name, frozenset())
-            reads_bucket = any(
-                read in member_set or not depends.get(read, frozenset()).isdisjoint(member_set)
-                for read in earlier
-            )
-            if reads_bucket or filled[0] + size > limit_bytes:
-                closed.append(members)
-                current = None
-        if current is None:
-            current = open_buckets[kind] = ([], set(), [0])
-        current[0].append(name)
-        current[1].add(name)
-        current[2][0] += size
-    closed.extend(members for members, _, _ in open_buckets.values())
+        members = open_buckets.get(kind)
+        if members is not None and (
+            not depends.get(name, frozenset()).isdisjoint(members)
+            or filled[kind] + size > limit_bytes
+        ):
+            closed.append(members)
+            members = None
+        if members is None:
+            members = open_buckets[kind] = []
+            filled[kind] = 0
+        members.append(name)
+        filled[kind] += size
+    closed.extend(open_buckets.values())
     if all(len(members) == 1 for members in closed):
         return ()
     closed.sort(key=lambda members: position[members[-1]])
