@@ -200,6 +200,10 @@ def _replace_jax_transforms(hook_flags: HookFlags) -> None:
                 positional = positional[1:]
             if positional:
                 return original(fun, *positional, **kwargs)  # a form we do not know
+            if kwargs and hasattr(fun, "lower"):
+                # jax.jit(jax.jit(f), donate_argnums=...): JAX nests the two (ours
+                # traces through to JAX's own inside), and the outer one is optimised.
+                fun, kwargs = original(fun, **kwargs), {}
             function = wrap(fun, settings, transform, kwargs)
             if hook_flags.report:
                 wrapped.append(function)

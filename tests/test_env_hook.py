@@ -102,3 +102,53 @@ def test_an_unmodified_script_runs_optimized_and_computes_the_same(tmp_path):
     assert compare_outputs(
         [reference[k] for k in reference.files], [hooked[k] for k in hooked.files]
     ).equal
+
+
+_NESTED_JIT_SCRIPT = """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    jax.config.update("jax_num_cpu_devices", 4)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()), ("fsdp",))
+    shard = NamedSharding(mesh, P("fsdp", None))
+    weights = [jax.device_put(jnp.full((8, 8), 0.1 * (i + 1)), shard) for i in range(3)]
+
+    def loss(weights, x):
+        for w in weights:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    @jax.jit
+    def update(weights, x):
+        value, grads = jax.value_and_grad(loss)(weights, x)
+        return [w - 0.1 * g for w, g in zip(weights, grads)], value
+
+    step = jax.jit(update, donate_argnums=(0,))  # a jit of a jit, donating its state
+    x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("fsdp")))
+    values = []
+    for _ in range(3):
+        weights, value = step(weights, x)
+        values.append(float(value))
+    print("VALUES", values)
+"""
+
+
+def test_a_jit_of_a_jit_that_donates_runs_under_the_hook_as_without_it(tmp_path):
+    flags = (
+        "--disco_enable --disco_max_evaluations=10 --nodisco_check_speed --nodisco_background "
+        f"--disco_cache_dir={tmp_path}"
+    )
+    hooked = _python(_NESTED_JIT_SCRIPT, flags)
+    assert hooked.returncode == 0, hooked.stderr[-2000:]
+    plain = _python(_NESTED_JIT_SCRIPT, None)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    values = [
+        [float(v) for v in line.split("[")[1].rstrip("]").split(",")]
+        for line in (hooked.stdout, plain.stdout)
+        for line in line.splitlines()
+        if line.startswith("VALUES")
+    ]
+    assert len(values) == 2
+    np.testing.assert_allclose(values[0], values[1], rtol=1e-6)
