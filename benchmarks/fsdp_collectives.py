@@ -12,6 +12,11 @@ Programs, each timed in paired rounds whose order rotates
   rest as XLA compiles it (XLA:CPU has no all-gather combiner);
 - `gathers-ordered`: every all-gather alone, in program order (the order
   dimension only: control dependencies, no concatenation);
+- `prefetched`: every all-gather of a layer loop's parameters issued one trip
+  ahead of its use (the prefetch dimension only, `prefetch.pipelined_all_gathers`:
+  what XLA:GPU's `--xla_gpu_enable_pipelined_all_gather` does);
+- `gathers-xla-prefetched`: `gathers-xla`'s buckets, those of loop parameters
+  issued a trip ahead;
 - `found`: `disco-xla optimize`'s plan for `--cluster` (the search, then the
   all-gather sweep), fusion and buckets;
 - `found-buckets`: the found plan's buckets alone (all-reduce and all-gather),
@@ -37,7 +42,14 @@ REPO_ROOT = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
 sys.path.insert(0, REPO_ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-PROGRAMS = ("gathers-xla", "gathers-ordered", "found", "found-buckets")
+PROGRAMS = (
+    "gathers-xla",
+    "gathers-ordered",
+    "prefetched",
+    "gathers-xla-prefetched",
+    "found",
+    "found-buckets",
+)
 
 
 def capture(devices: int, fsdp: int):
@@ -59,6 +71,7 @@ def measure(module, cluster: str, rounds: int, max_evaluations: int) -> dict:
         XLA_GPU_ALL_GATHER_COMBINE_BYTES,
         combined_all_gathers,
     )
+    from disco_xla.search.prefetch import pipelined_all_gathers
 
     found = Plan.from_json(
         broadcast(
@@ -69,18 +82,29 @@ def measure(module, cluster: str, rounds: int, max_evaluations: int) -> dict:
     unfused = Plan.unfused(module)
     xla_buckets = combined_all_gathers(module, XLA_GPU_ALL_GATHER_COMBINE_BYTES)
     in_order = tuple((instr.name,) for instr in all_gathers(module))
+    xla_gathers = dataclasses.replace(unfused, all_gather_buckets=xla_buckets)
+
+    def prefetching(plan: Plan) -> Plan:
+        return dataclasses.replace(plan, prefetched_all_gathers=pipelined_all_gathers(module, plan))
+
     candidates = {
         "gathers-xla": rewrite(
-            module,
-            dataclasses.replace(unfused, all_gather_buckets=xla_buckets),
-            fusion=False,
-            source="XLA's all-gather buckets",
+            module, xla_gathers, fusion=False, source="XLA's all-gather buckets"
         ),
         "gathers-ordered": rewrite(
             module,
             dataclasses.replace(unfused, all_gather_buckets=in_order),
             fusion=False,
             source="all-gathers in order",
+        ),
+        "prefetched": rewrite(
+            module, prefetching(unfused), fusion=False, source="all-gathers a trip ahead"
+        ),
+        "gathers-xla-prefetched": rewrite(
+            module,
+            prefetching(xla_gathers),
+            fusion=False,
+            source="XLA's all-gather buckets, a trip ahead",
         ),
         "found": rewrite(module, found, source="found plan"),
         "found-buckets": rewrite(module, found, fusion=False, source="found buckets"),
@@ -101,6 +125,8 @@ def measure(module, cluster: str, rounds: int, max_evaluations: int) -> dict:
         "xla_all_gather_buckets": len(xla_buckets),
         "found_all_gather_buckets": len(found.all_gather_buckets),
         "found_all_reduce_buckets": len(found.all_reduce_buckets),
+        "found_prefetched": len(found.prefetched_all_gathers),
+        "prefetchable": len(pipelined_all_gathers(module, unfused)),
         "xla_s": xla_s,
     }
     for label in PROGRAMS:
@@ -161,7 +187,8 @@ def main() -> None:
             f"tiny Llama FSDP step, {row['devices']} devices on {row['processes']} processes, "
             f"{row['all_gathers']} all-gathers; plan for {row['cluster']}: "
             f"{row['found_all_gather_buckets']} all-gather buckets, "
-            f"{row['found_all_reduce_buckets']} all-reduce buckets"
+            f"{row['found_all_reduce_buckets']} all-reduce buckets, "
+            f"{row['found_prefetched']} of {row['prefetchable']} loop all-gathers a trip ahead"
         )
         print(f"{'program':16s} {'measured ms':>12s} {'vs xla':>7s}  outputs")
         print(f"{'xla':16s} {row['xla_s'] * 1e3:12.3f} {1:7.2f}  reference")

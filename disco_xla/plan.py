@@ -24,6 +24,7 @@ from disco_xla.hlo.graph import (
     HloModule,
     Instruction,
 )
+from disco_xla.hlo.loops import prefetchable
 
 PLAN_FORMAT = "disco-xla-plan/1"
 
@@ -80,13 +81,15 @@ class Plan:
     buckets (an ordered partition of the gradient all-reduces, and of gradient
     reduce-scatters where a step sends its gradients sharded), and all-gather
     buckets (an ordered partition of the module's all-gathers, `all_gathers`;
-    empty: each all-gather as the module has it), by name."""
+    empty: each all-gather as the module has it), and the all-gathers issued one
+    loop trip ahead of their use (`prefetched_all_gathers`; empty: none), by name."""
 
     module_name: str
     fingerprint: str
     fusion_groups: tuple[tuple[str, ...], ...]
     all_reduce_buckets: tuple[tuple[str, ...], ...]
     all_gather_buckets: tuple[tuple[str, ...], ...] = ()
+    prefetched_all_gathers: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         data = {
@@ -98,6 +101,8 @@ class Plan:
         }
         if self.all_gather_buckets:  # a plan without them reads as before
             data["all_gather_buckets"] = [list(b) for b in self.all_gather_buckets]
+        if self.prefetched_all_gathers:
+            data["prefetched_all_gathers"] = list(self.prefetched_all_gathers)
         return json.dumps(data, indent=1)
 
     @classmethod
@@ -114,6 +119,7 @@ class Plan:
                 all_gather_buckets=tuple(
                     tuple(map(str, b)) for b in data.get("all_gather_buckets", ())
                 ),
+                prefetched_all_gathers=tuple(map(str, data.get("prefetched_all_gathers", ()))),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise DiscoInputError(source, f"not a disco-xla plan ({error})") from None
@@ -163,7 +169,8 @@ def verify_plan(
     creates no cycle); the buckets partition the gradient all-reduces; members of
     a bucket share dtype, reduction and device groups, and do not depend on each
     other; and no bucket depends on a later one. All-gather buckets, where the
-    plan has them, by the same rules over the module's all-gathers.
+    plan has them, by the same rules over the module's all-gathers. Prefetched
+    all-gathers (`prefetchable` ones), each of a bucket's members or none.
     """
     if plan.fingerprint != module.fingerprint:
         raise DiscoInputError(
@@ -177,6 +184,8 @@ def verify_plan(
     _check_buckets(plan, module, by_name, source)
     if plan.all_gather_buckets:
         _check_all_gather_buckets(plan, module, source)
+    if plan.prefetched_all_gathers:
+        _check_prefetched(plan, module, source)
 
 
 def _instructions_by_name(module: HloModule, source: str) -> dict[str, Instruction]:
@@ -434,6 +443,31 @@ def _check_all_gather_buckets(plan: Plan, module: HloModule, source: str) -> Non
         raise DiscoInputError(
             source, "an all-gather bucket depends on itself or on a bucket after it"
         )
+
+
+def prefetchable_all_gathers(module: HloModule) -> list[str]:
+    """The all-gathers (`all_gathers`) a plan may issue one loop trip ahead
+    (`loops.prefetchable`), in topological order."""
+    return [instr.name for instr in all_gathers(module) if prefetchable(instr)]
+
+
+def _check_prefetched(plan: Plan, module: HloModule, source: str) -> None:
+    allowed = set(prefetchable_all_gathers(module))
+    chosen = set(plan.prefetched_all_gathers)
+    for name in plan.prefetched_all_gathers:
+        if name not in allowed:
+            raise DiscoInputError(
+                source,
+                f"{name!r} is not an all-gather a loop trip can issue ahead: it must be in a "
+                "counted loop's body, of values the loop does not change",
+            )
+    if len(chosen) != len(plan.prefetched_all_gathers):
+        raise DiscoInputError(source, "an all-gather is prefetched twice")
+    for index, bucket in enumerate(plan.all_gather_buckets):
+        if 0 < len(chosen.intersection(bucket)) < len(bucket):
+            raise DiscoInputError(
+                source, f"all-gather bucket {index} is prefetched in part: all its members or none"
+            )
 
 
 def buckets_follow_dependencies(

@@ -119,7 +119,10 @@ def _element_of_parameter(instr: Instruction) -> int | None:
 _MIRRORED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}
 
 
-def _from_induction_variable(loop: Instruction) -> int | None:
+def induction_variable(loop: Instruction) -> tuple[int, int, int, str, int] | None:
+    """(tuple element, start, step, comparison, bound) of a `while` loop's
+    induction variable, the way `jax.lax.scan` and `fori_loop` lower it (the
+    module's docstring, item 2), or None. The comparison reads `element <cmp> bound`."""
     ids = list(loop.proto.called_computation_ids)
     by_id = {c.id: c for c in loop.called_computations}
     if len(ids) != 2 or ids[0] not in by_id or ids[1] not in by_id:
@@ -143,6 +146,14 @@ def _from_induction_variable(loop: Instruction) -> int | None:
     step = _step(body, index)
     if start is None or not step:
         return None
+    return index, start, step, direction, bound
+
+
+def _from_induction_variable(loop: Instruction) -> int | None:
+    found = induction_variable(loop)
+    if found is None:
+        return None
+    _, start, step, direction, bound = found
     if direction in ("LT", "LE") and step > 0:
         span = bound - start + (1 if direction == "LE" else 0)
         return max(0, math.ceil(span / step))

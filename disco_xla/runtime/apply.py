@@ -12,6 +12,7 @@ inputs on N CPU devices, alternating, and compares outputs and step times.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -20,11 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from disco_xla.hlo.graph import HloModule
-from disco_xla.hlo_passes.bucket_all_gathers import BucketAllGathers
+from disco_xla.hlo_passes.bucket_all_gathers import GATHER_BUCKET_MARK, BucketAllGathers
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
 from disco_xla.hlo_passes.drop_schedule import DropSchedule
 from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
 from disco_xla.hlo_passes.pass_interface import HloPass, run_pipeline
+from disco_xla.hlo_passes.prefetch_all_gathers import PrefetchAllGathers
 from disco_xla.hlo_passes.synchronous_all_reduces import SynchronousAllReduces
 from disco_xla.plan import Plan, all_gathers, departing_groups, verify_plan
 from disco_xla.runtime.agreement import broadcast
@@ -118,7 +120,24 @@ def plan_pipeline(
     passes.append(BucketAllReduces(plan.all_reduce_buckets))
     if plan.all_gather_buckets:
         passes.append(BucketAllGathers(plan.all_gather_buckets))
+    if plan.prefetched_all_gathers:
+        passes.append(PrefetchAllGathers(prefetched_after_buckets(plan)))
     return passes
+
+
+def prefetched_after_buckets(plan: Plan) -> list[str]:
+    """The names of the plan's prefetched all-gathers once its all-gather
+    buckets are applied: a bucket of several is one all-gather
+    (`GATHER_BUCKET_MARK`), prefetched when its members are."""
+    chosen = set(plan.prefetched_all_gathers)
+    names: list[str] = []
+    placed: set[str] = set()
+    for index, bucket in enumerate(plan.all_gather_buckets):
+        if bucket[0] in chosen:
+            names.append(bucket[0] if len(bucket) == 1 else f"{GATHER_BUCKET_MARK}.{index}")
+            placed.update(bucket)
+    names.extend(name for name in plan.prefetched_all_gathers if name not in placed)
+    return names
 
 
 def check_collectives(original: HloModule, plan: Plan, compiled: HloModule) -> None:
@@ -140,6 +159,14 @@ def check_all_reduces(original: HloModule, plan: Plan, compiled: HloModule) -> N
     one of such a pair leaves the other to be sent (`_only_duplicates_kept`)."""
     expected = _expected_all_reduce_elements(original, plan)
     got = _all_reduce_elements(compiled)
+    if plan.prefetched_all_gathers:
+        several = {
+            sum(original.instruction(name).shape.elements for name in bucket)
+            for bucket in plan.all_reduce_buckets
+            if len(bucket) > 1
+        }
+        _check_sizes_only("all-reduces", got, expected, several)
+        return
     if got != expected and not _only_duplicates_kept(original, plan, got):
         raise RewriteError(
             f"the compiled module has all-reduces of {got} elements, the plan asks for {expected}"
@@ -150,7 +177,13 @@ def check_all_gathers(original: HloModule, plan: Plan, compiled: HloModule) -> N
     """Raise RewriteError if `compiled` (the rewritten module as XLA compiled it)
     has more all-gathers than the plan's buckets and the all-gathers a plan does
     not bucket (`plan.all_gathers`): a bucket that XLA split again. (Fewer is
-    XLA's own doing: it may drop an all-gather whose result is unused.)"""
+    XLA's own doing: it may drop an all-gather whose result is unused.) Where
+    the plan prefetches, the count is not fixed (`_check_sizes_only`)."""
+    if plan.prefetched_all_gathers:
+        expected = _all_gather_elements_planned(original, plan)
+        got = _elements(compiled, ("all-gather", "all-gather-start"))
+        _check_sizes_only("all-gathers", got, expected, set())
+        return
     if not plan.all_gather_buckets:
         return
     unbucketed = sum(1 for i in original.instructions() if i.opcode == "all-gather") - len(
@@ -162,6 +195,49 @@ def check_all_gathers(original: HloModule, plan: Plan, compiled: HloModule) -> N
         raise RewriteError(
             f"the compiled module has {got} all-gathers, the plan's buckets make {expected}"
         )
+
+
+def _check_sizes_only(what: str, got: list[int], expected: list[int], required: set[int]) -> None:
+    """The census of a plan that prefetches: its loops run one trip fewer, and
+    their last trip runs after them as a copy of the body, with the body's
+    collectives (`prefetch_all_gathers`), and XLA may unroll a loop left with
+    one trip. How many collectives of each size the compiled module holds then
+    depends on XLA, but no size may be new (XLA split or merged a bucket), and
+    each of the `required` sizes (buckets of several) must be there. Raises
+    RewriteError otherwise."""
+    new = sorted(set(got) - set(expected))
+    missing = sorted(required - set(got))
+    if new or missing:
+        raise RewriteError(
+            f"the compiled module's {what} have sizes {new} the plan does not make"
+            if new
+            else f"the compiled module has no {what} of sizes {missing}, the plan's buckets"
+        )
+
+
+def _elements(module: HloModule, opcodes: tuple[str, ...]) -> list[int]:
+    """The element counts of the results of a module's instructions of `opcodes`
+    (of an asynchronous start: its largest tuple element, the gathered result)."""
+    return [
+        max(leaf.elements for leaf in instr.shape.leaves())
+        for instr in module.instructions()
+        if instr.opcode in opcodes
+    ]
+
+
+def _all_gather_elements_planned(original: HloModule, plan: Plan) -> list[int]:
+    """The result sizes of the all-gathers a plan makes: each bucket's (each
+    all-gather's where it has none), and those of the all-gathers it does not
+    bucket."""
+    by_name = {instr.name: instr for instr in all_gathers(original)}
+    buckets = plan.all_gather_buckets or tuple((name,) for name in by_name)
+    sizes = [sum(by_name[name].shape.elements for name in bucket) for bucket in buckets]
+    sizes += [
+        instr.shape.elements
+        for instr in original.instructions()
+        if instr.opcode == "all-gather" and instr.name not in by_name
+    ]
+    return sizes
 
 
 def _only_duplicates_kept(original: HloModule, plan: Plan, got: list[int]) -> bool:
@@ -228,29 +304,26 @@ class OutputComparison:
 def differing_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> list[int]:
     """The positions of the outputs that `compare_outputs` would not count as
     equal (each judged against the typical scale of all of `expected`)."""
-    scales = [float(np.max(np.abs(np.asarray(a, np.float64)))) for a in expected if np.size(a)]
-    typical = float(np.median(scales)) if scales else 0.0
+    typical = _typical_scale(expected)
     found = []
     for index, (a, b) in enumerate(zip(expected, got, strict=True)):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        if a.shape != b.shape:
+        if a.shape != b.shape or _difference(a, b, typical)[2] > 1.0:
             found.append(index)
-        elif a.size and not np.array_equal(a, b, equal_nan=True):
-            diff, scale = float(np.max(np.abs(a - b))), float(np.max(np.abs(a)))
-            if diff > RELATIVE_TOLERANCE * (scale + typical):
-                found.append(index)
     return found
 
 
 def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> OutputComparison:
     """The one equivalence rule: bit-equal, or every output within 1e-6 of its own
-    scale plus the typical (median) output scale of `expected`."""
+    scale plus the typical (median) output scale of `expected`. Scales and
+    differences are over finite values; a NaN or an infinity must be where it
+    was, and the same (random inputs can make an optimizer's outputs NaN: once
+    a NaN made every tolerance NaN, and so passed any difference)."""
     if len(expected) != len(got):
         raise RewriteError(f"the rewritten step has {len(got)} outputs, not {len(expected)}")
     expected = [np.asarray(a) for a in expected]
     got = [np.asarray(b) for b in got]
-    scales = [float(np.max(np.abs(a.astype(np.float64)))) for a in expected if a.size]
-    typical = float(np.median(scales)) if scales else 0.0
+    typical = _typical_scale(expected)
     bit_equal, max_abs, max_rel, used = True, 0.0, 0.0, 0.0
     for a, b in zip(expected, got, strict=True):
         if a.shape != b.shape or a.dtype != b.dtype:
@@ -260,16 +333,43 @@ def compare_outputs(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -
         if np.array_equal(a, b, equal_nan=a.dtype.kind in "fcV"):
             continue
         bit_equal = False
-        diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-        scale = float(np.max(np.abs(a.astype(np.float64))))
-        max_abs, max_rel = max(max_abs, diff), max(max_rel, diff / max(scale, 1e-30))
-        used = max(used, diff / max(RELATIVE_TOLERANCE * (scale + typical), 1e-30))
+        diff, relative, ratio = _difference(a.astype(np.float64), b.astype(np.float64), typical)
+        max_abs, max_rel, used = max(max_abs, diff), max(max_rel, relative), max(used, ratio)
     return OutputComparison(
         equal=bit_equal or used <= 1.0,
         bit_equal=bit_equal,
         max_abs_diff=max_abs,
         max_rel_diff=max_rel,
         tolerance_used=used,
+    )
+
+
+def _typical_scale(outputs: Sequence[np.ndarray]) -> float:
+    """The median of the outputs' scales (`_finite_scale`)."""
+    scales = [_finite_scale(np.asarray(a, np.float64)) for a in outputs if np.size(a)]
+    return float(np.median(scales)) if scales else 0.0
+
+
+def _finite_scale(values: np.ndarray) -> float:
+    """The largest magnitude among the finite values (0 where there are none)."""
+    return float(np.max(np.abs(values[np.isfinite(values)]), initial=0.0))
+
+
+def _difference(a: np.ndarray, b: np.ndarray, typical: float) -> tuple[float, float, float]:
+    """(largest |a - b|, that over a's scale, that over the tolerance) of two
+    outputs of one shape, over their finite values. A NaN or an infinity that
+    is not where it was, and the same, is an infinite difference."""
+    finite = np.isfinite(a)
+    if not np.array_equal(finite, np.isfinite(b)) or not np.array_equal(
+        a[~finite], b[~finite], equal_nan=True
+    ):
+        return math.inf, math.inf, math.inf
+    diff = float(np.max(np.abs(a[finite] - b[finite]), initial=0.0))
+    scale = _finite_scale(a)
+    return (
+        diff,
+        diff / max(scale, 1e-30),
+        diff / max(RELATIVE_TOLERANCE * (scale + typical), 1e-30),
     )
 
 

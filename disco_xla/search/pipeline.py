@@ -17,7 +17,8 @@
 4. The search, `found`: every move, from no fusion, the greedy fusion, every
    baseline and the ablations' plans, so it is never slower than any of them.
    Its moves keep a plan's all-gather buckets; the found plan then takes the
-   fastest of a sweep of all-gather buckets (`all_gather_buckets`). On GPU
+   fastest of a sweep of all-gather buckets (`all_gather_buckets`), and of
+   which loop-body all-gathers to issue a trip ahead (`prefetch`). On GPU
    profiles, the program of the XLA flags closest to it replaces it where that
    is faster (`xla_flags`).
 
@@ -34,11 +35,12 @@ from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
-from disco_xla.plan import Plan, all_gathers, verify_plan
+from disco_xla.plan import Plan, all_gathers, prefetchable_all_gathers, verify_plan
 from disco_xla.search.all_gather_buckets import best_all_gather_buckets
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
 from disco_xla.search.fusion_source import XlaFusion
+from disco_xla.search.prefetch import best_prefetch
 from disco_xla.search.xla_flags import closest_xla_flags
 from disco_xla.settings import OptimizeSettings
 from disco_xla.simulator.cost_models import (
@@ -196,15 +198,15 @@ class _Runs:
         }
 
     def search(self, label: str, starts: list[Plan], moves: str, keep: int = 1) -> SearchResult:
-        """The search from `starts` without their all-gather buckets (its moves
-        keep a plan's all-gather buckets, and buckets that reorder the kernels
-        would make every evaluation a full simulation), then the found plan
-        with the fastest all-gather buckets (`with_best_all_gathers`)."""
+        """The search from `starts` without their all-gather buckets and
+        prefetches (its moves keep a plan's, and both can make every evaluation
+        a full simulation), then the found plan with the fastest all-gather
+        buckets and prefetches (`with_best_all_gathers`)."""
         found = search(
             self.module,
             self.profile,
             self.cost_model,
-            [replace(plan, all_gather_buckets=()) for plan in starts],
+            [replace(plan, all_gather_buckets=(), prefetched_all_gathers=()) for plan in starts],
             self.settings,
             moves=moves,
             keep=keep,
@@ -217,8 +219,9 @@ class _Runs:
     def with_best_all_gathers(self, found: SearchResult, starts: list[Plan]) -> SearchResult:
         """`found` with the fastest all-gather buckets among the starts' and a
         sweep of XLA's combiner (`all_gather_buckets.best_all_gather_buckets`),
-        or the fastest start plan as it is, if that is faster still: so the
-        result is never slower than a start."""
+        then the fastest choice of all-gathers to issue a loop trip ahead
+        (`prefetch.best_prefetch`), or the fastest start plan as it is, if that
+        is faster still: so the result is never slower than a start."""
         plan = found.plan
         if not all_gathers(self.module):
             return found
@@ -238,8 +241,10 @@ class _Runs:
             self.module, plan.all_gather_buckets, price, extra
         )
         best, best_s = replace(plan, all_gather_buckets=buckets), seconds
+        if prefetchable_all_gathers(self.module):
+            best, best_s = best_prefetch(self.module, best, plan_s)
         for start in starts:
-            if start.all_gather_buckets and start != best:
+            if (start.all_gather_buckets or start.prefetched_all_gathers) and start != best:
                 start_s = plan_s(start)
                 if start_s < best_s:
                     best, best_s = start, start_s

@@ -23,6 +23,7 @@ def comparison_summary(comparison: PlanComparison) -> dict:
         "exposed_comm_s": found.exposed_comm_s,
         "buckets": found.buckets,
         "all_gather_buckets": len(comparison.found.plan.all_gather_buckets),
+        "prefetched_all_gathers": len(comparison.found.plan.prefetched_all_gathers),
         "kernels": found.kernels,
         "fusion_source": comparison.fusion.source if comparison.fusion else None,
         "fusion": comparison.fusion.note if comparison.fusion else None,
@@ -59,4 +60,7 @@ def format_table(comparison: PlanComparison) -> str:
             f"found plan: its all-gathers sent in {len(gathers)} buckets "
             f"(largest {max(map(len, gathers))})"
         )
+    prefetched = comparison.found.plan.prefetched_all_gathers
+    if prefetched:
+        lines.append(f"found plan: {len(prefetched)} all-gathers issued a loop trip ahead")
     return "\n".join(lines)

@@ -12,7 +12,9 @@ chosen from the sizes of the plan's own buckets of that kind and NVIDIA's sweep
 sweeps, with the plan's bucket sizes added. Where the module has all-gathers,
 the all-gather threshold is then chosen likewise, from the sizes of the plan's
 all-gather buckets and the sweep, by the time of the whole program
-(`all_gather_buckets.combined_all_gathers` at each threshold).
+(`all_gather_buckets.combined_all_gathers` at each threshold). Where the plan
+issues all-gathers a loop trip ahead, the flags turn on XLA's collective
+pipelining for all-gathers if the program that gives simulates faster.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from disco_xla.search.baselines import (
     threshold_sweep,
     tuned_buckets,
 )
+from disco_xla.search.prefetch import pipelined_all_gathers
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
@@ -42,6 +45,7 @@ THRESHOLD_FLAGS = {
     "reduce-scatter": "--xla_gpu_reduce_scatter_combine_threshold_bytes",
 }
 SCHEDULER_FLAG = "--xla_gpu_enable_latency_hiding_scheduler=true"
+PIPELINED_ALL_GATHER_FLAG = "--xla_gpu_enable_pipelined_all_gather=true"
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,9 @@ class XlaFlags:
     buckets: tuple[tuple[str, ...], ...]
     simulated_s: float
     all_gather_buckets: tuple[tuple[str, ...], ...] = ()
+    # What XLA's collective pipeliner issues a loop trip ahead, when the flags
+    # turn it on (`prefetch.pipelined_all_gathers`); () when they leave it off.
+    pipelined_all_gathers: tuple[str, ...] = ()
 
     def plan(self, module: HloModule, xla_fusion: Plan) -> Plan:
         """The program these flags give, as a plan over XLA's fusion of `module`."""
@@ -59,12 +66,14 @@ class XlaFlags:
             xla_fusion,
             all_reduce_buckets=legal_buckets(module, self.buckets),
             all_gather_buckets=self.all_gather_buckets,
+            prefetched_all_gathers=self.pipelined_all_gathers,
         )
 
     @property
     def flags(self) -> str:
         thresholds = [f"{THRESHOLD_FLAGS[k]}={v}" for k, v in sorted(self.thresholds.items())]
-        return " ".join([*thresholds, SCHEDULER_FLAG])
+        pipelining = [PIPELINED_ALL_GATHER_FLAG] if self.pipelined_all_gathers else []
+        return " ".join([*thresholds, SCHEDULER_FLAG, *pipelining])
 
 
 def closest_xla_flags(
@@ -100,4 +109,11 @@ def closest_xla_flags(
         program, seconds, limit = found
         thresholds = {**thresholds, "all-gather": limit}
         flags = XlaFlags(thresholds, buckets, seconds, program.all_gather_buckets)
-    return flags
+    if not plan.prefetched_all_gathers:
+        return flags
+    pipelined = replace(
+        flags, pipelined_all_gathers=pipelined_all_gathers(module, flags.plan(module, xla_fusion))
+    )
+    program = pipelined.plan(module, xla_fusion)
+    seconds = simulate(build_task_graph(module, program), profile, cost_model).iteration_s
+    return replace(pipelined, simulated_s=seconds) if seconds < flags.simulated_s else flags

@@ -35,6 +35,7 @@ import numpy as np
 
 from disco_xla.hlo.custom_calls import library_call_kind
 from disco_xla.hlo.graph import HloModule, Instruction
+from disco_xla.hlo.loops import loop_of_body
 from disco_xla.plan import Plan
 from disco_xla.simulator.module_index import ModuleIndex, module_index
 from disco_xla.simulator.plan_kernels import (
@@ -304,7 +305,11 @@ def build_task_graph(
     others = other_tasks(index, plan.all_gather_buckets)
     for atoms, info in zip(others.atoms, others.info, strict=True):
         comms.add_other(atoms, info)
+    if plan.prefetched_all_gathers:
+        comms.issue_ahead(set(plan.prefetched_all_gathers))
     dependencies = _task_dependencies(index, task_of_atom, kernel_count + len(comms.communications))
+    for later, first in comms.later_trips_of.items():
+        dependencies[later] = set(dependencies[first])
     order = kernel_order(
         order_priorities(plan_kernel_parts, len(plan.fusion_groups)),
         bucket_waits(plan_kernel_parts, plan.all_reduce_buckets, collectives.gradient_info, others),
@@ -351,6 +356,7 @@ class _CommunicationTasks:
         self.runs: list[int] = []
         self.kinds: list[str] = []
         self.groups: list[tuple[tuple[int, ...], int]] = []
+        self.later_trips_of: dict[int, int] = {}  # `issue_ahead`: task -> its first trip
 
     def add_bucket(self, bucket: tuple[str, ...], tuple_buckets: bool) -> None:
         task = self.kernel_count + len(self.communications)
@@ -388,6 +394,34 @@ class _CommunicationTasks:
         self.groups.append((info.group, info.devices))
         self.is_bucket.append(False)
         self.tuple_element_bytes.append(info.elements)
+
+    def issue_ahead(self, prefetched: set[str]) -> None:
+        """Model the prefetched all-gathers (`Plan.prefetched_all_gathers`) of a
+        loop body. Their loop's trips run as one task each (`TaskGraph`), so a
+        prefetched one becomes two: its first trip, which its readers wait for,
+        and its later trips, which no kernel waits for. Each later trip's
+        gather runs during the trip before, beside its kernels: they never wait
+        for it, and it still takes its time on its stream."""
+        self.later_trips_of: dict[int, int] = {}
+        for number in range(len(self.communications)):
+            name, size, names = self.communications[number]
+            if self.is_bucket[number] or not names or not set(names) <= prefetched:
+                continue
+            loop = loop_of_body(self.index.by_name[names[0]].computation)
+            runs = self.runs[number]
+            first_runs = max(1, runs // loop.trips) if loop is not None else runs
+            if first_runs >= runs:
+                continue
+            self.runs[number] = first_runs
+            self.later_trips_of[self.kernel_count + len(self.communications)] = (
+                self.kernel_count + number
+            )
+            self.communications.append((f"{name}.later_trips", size, names))
+            self.runs.append(runs - first_runs)
+            self.kinds.append(self.kinds[number])
+            self.groups.append(self.groups[number])
+            self.is_bucket.append(False)
+            self.tuple_element_bytes.append(self.tuple_element_bytes[number])
 
 
 def _task_dependencies(

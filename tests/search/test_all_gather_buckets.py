@@ -1,7 +1,8 @@
 """All-gather buckets in the search: XLA:GPU's combiner as the GPU baselines
 run it, the sweep that gives the found plan its all-gather buckets, the XLA
 flag that realises them, and `disco-xla optimize` writing, checking and
-reporting a plan with them on the Llama FSDP step."""
+reporting a plan with them (and with prefetched all-gathers) on the Llama FSDP
+step."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from disco_xla.search.all_gather_buckets import (
 from disco_xla.search.baselines import captured_baselines
 from disco_xla.search.fusion_source import compiled_fusion
 from disco_xla.search.pipeline import Pricing, plan_module
-from disco_xla.search.xla_flags import closest_xla_flags
+from disco_xla.search.xla_flags import PIPELINED_ALL_GATHER_FLAG, closest_xla_flags
 from disco_xla.settings import OptimizeSettings
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.profiles import load_profile
@@ -96,8 +97,13 @@ def test_optimize_writes_a_checked_module_with_all_gather_buckets(fsdp_step_file
     plan = json.loads((tmp_path / "out.hlo.pb.plan.json").read_text())
     assert len(plan["all_gather_buckets"]) == report["all_gather_buckets"]
     assert report["measured"]["equal"] is True
+    assert report["measured"]["candidates"]["plan"]["equal"] is True
     assert out.exists()
+    # The plan issues the layer loops' parameter all-gathers a trip ahead too.
+    assert report["prefetched_all_gathers"] == len(plan["prefetched_all_gathers"]) > 0
     text = run_cli("optimize", *args[:-1], "--xla-flags", timeout_s=600)
     assert text.returncode == 0, text.stderr[-2000:]
     assert "--xla_gpu_all_gather_combine_threshold_bytes=" in text.stdout
     assert "its all-gathers sent in" in text.stdout
+    assert "all-gathers issued a loop trip ahead" in text.stdout
+    assert PIPELINED_ALL_GATHER_FLAG in text.stdout

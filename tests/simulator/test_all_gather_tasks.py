@@ -94,3 +94,35 @@ def test_incremental_evaluation_with_all_gather_buckets_equals_a_full_simulation
         )
         evaluated += 1
     assert evaluated == 20
+
+
+def test_a_prefetched_gather_is_waited_for_on_its_first_trip_only(fsdp_step):
+    from disco_xla.hlo.loops import loop_of_body
+    from disco_xla.plan import prefetchable_all_gathers
+
+    names = prefetchable_all_gathers(fsdp_step)
+    plan = greedy_fusion_plan(fsdp_step)
+    ahead = dataclasses.replace(plan, prefetched_all_gathers=tuple(names))
+    graph, before = build_task_graph(fsdp_step, ahead), build_task_graph(fsdp_step, plan)
+    first_comm = len(graph.kernels)
+    label = {c[0]: n for n, c in enumerate(graph.communications)}
+    later = [n for n, c in enumerate(graph.communications) if c[0].endswith(".later_trips")]
+    assert len(later) == len(names) == len(graph.communications) - len(before.communications)
+    read = {d for deps in graph.dependencies for d in deps}
+    for number in later:
+        first = label[graph.communications[number][0].removesuffix(".later_trips")]
+        trips = loop_of_body(fsdp_step.instruction(graph.communications[number][2][0]).computation)
+        assert graph.communication_runs[first] == 1
+        assert graph.communication_runs[number] == trips.trips - 1
+        assert first_comm + number not in read  # no task waits for the later trips
+        assert graph.dependencies[first_comm + number] == graph.dependencies[first_comm + first]
+    # On a cluster where the gathers cost, the layers stop waiting for them.
+    profile = load_profile("v100-2x8-25g", fsdp_step.worker_count())
+    cost_model = RooflineCostModel(profile)
+    waited, issued_ahead = (simulate(g, profile, cost_model) for g in (before, graph))
+    assert issued_ahead.exposed_comm_s < waited.exposed_comm_s
+    assert issued_ahead.iteration_s < waited.iteration_s
+    # The incremental state evaluates such a plan in full, to the same time.
+    state = PlanState(fsdp_step, ahead, profile, cost_model)
+    assert state.full_only
+    assert state.iteration_ps == round(issued_ahead.iteration_s * PS_PER_S)

@@ -1,0 +1,97 @@
+"""The prefetch pass on the Llama FSDP step as captured after XLA's
+partitioning (4 devices, every parameter sharded 4 ways, the layers in `scan`
+loops): which all-gathers can be issued a loop trip ahead, the rewritten loops
+(one trip fewer, the last trip after them, the gathered layer carried), the
+step's outputs unchanged, and the plan's rules."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.loops import computed_from_invariants, loop_of_body
+from disco_xla.hlo.trip_counts import trip_count
+from disco_xla.plan import Plan, all_gathers, prefetchable_all_gathers, verify_plan
+from disco_xla.runtime.apply import apply_plan, verify_rewrite
+from disco_xla.search.all_gather_buckets import combined_all_gathers
+from disco_xla.search.prefetch import pipelined_all_gathers
+
+
+def test_only_gathers_of_a_loops_own_layer_can_be_issued_ahead(fsdp_step):
+    names = set(prefetchable_all_gathers(fsdp_step))
+    gathers = all_gathers(fsdp_step)
+    outside = {g.name for g in gathers if loop_of_body(g.computation) is None}
+    changing = {g.name for g in gathers if loop_of_body(g.computation)} - names
+    assert names and outside and changing
+    assert not names & outside
+    for gather in gathers:
+        loop = loop_of_body(gather.computation)
+        if gather.name in names:
+            # The layer's slice: it reads the loop's counter.
+            read = computed_from_invariants(loop, gather.operands[0])
+            elements = {i.proto.tuple_index for i in read if i.opcode == "get-tuple-element"}
+            assert loop.induction_element in elements, gather.name
+        elif gather.name in changing:
+            # An activation: computed from what the loop carries and changes.
+            assert computed_from_invariants(loop, gather.operands[0]) is None
+
+
+def test_prefetched_gathers_run_a_trip_ahead_and_the_step_computes_the_same(fsdp_step):
+    names = prefetchable_all_gathers(fsdp_step)
+    plan = dataclasses.replace(Plan.unfused(fsdp_step), prefetched_all_gathers=tuple(names))
+    rewritten = apply_plan(fsdp_step, plan, fusion=False)  # checks the compiled collectives
+    by_name = {i.name: i for i in rewritten.instructions()}
+    loops = {loop_of_body(fsdp_step.instruction(n).computation).instruction for n in names}
+    for loop in loops:
+        ahead = [n for n in names if fsdp_step.instruction(n).computation.callers == [loop]]
+        after = by_name[loop.name]
+        assert trip_count(after).count == trip_count(loop).count - 1
+        carried = len(after.proto.shape.tuple_shapes) - len(loop.proto.shape.tuple_shapes)
+        assert carried == len(ahead)
+        body = after.called_computations[0]
+        for name in ahead:
+            assert name not in by_name
+            assert by_name[f"{name}.first"].computation is after.computation
+            assert by_name[f"{name}.next"].computation is body
+            assert by_name[f"{name}.next"] in body.root.operands
+    result = verify_rewrite(fsdp_step, rewritten, devices=4, rounds=1)
+    assert result.equal, result
+
+
+def test_prefetched_buckets_of_several_are_bit_for_bit_the_step(fsdp_step):
+    buckets = combined_all_gathers(fsdp_step, 1 << 30)
+    plan = dataclasses.replace(Plan.unfused(fsdp_step), all_gather_buckets=buckets)
+    plan = dataclasses.replace(plan, prefetched_all_gathers=pipelined_all_gathers(fsdp_step, plan))
+    assert any(len(b) > 1 and b[0] in plan.prefetched_all_gathers for b in buckets)
+    rewritten = apply_plan(fsdp_step, plan, fusion=False)
+    result = verify_rewrite(fsdp_step, rewritten, devices=4, rounds=1)
+    assert result.bit_equal, result
+
+
+def test_the_plan_refuses_a_gather_its_loop_changes_and_half_a_bucket(fsdp_step):
+    names = set(prefetchable_all_gathers(fsdp_step))
+    base = Plan.unfused(fsdp_step)
+
+    def refused(plan: Plan) -> str:
+        with pytest.raises(DiscoInputError) as error:
+            verify_plan(plan, fsdp_step)
+        return str(error.value)
+
+    changing = next(g.name for g in all_gathers(fsdp_step) if g.name not in names)
+    assert "issue ahead" in refused(dataclasses.replace(base, prefetched_all_gathers=(changing,)))
+    buckets = combined_all_gathers(fsdp_step, 1 << 30)
+    pair = next(b for b in buckets if len(b) > 1 and set(b) <= names)
+    half = dataclasses.replace(base, all_gather_buckets=buckets, prefetched_all_gathers=pair[:1])
+    assert "in part" in refused(half)
+    twice = dataclasses.replace(base, prefetched_all_gathers=(pair[0], pair[0]))
+    assert "twice" in refused(twice)
+
+
+def test_a_plan_with_prefetches_survives_json(fsdp_step):
+    plan = dataclasses.replace(
+        Plan.unfused(fsdp_step), prefetched_all_gathers=tuple(prefetchable_all_gathers(fsdp_step))
+    )
+    assert Plan.from_json(plan.to_json()) == plan
+    assert "prefetched_all_gathers" not in Plan.unfused(fsdp_step).to_json()
