@@ -158,12 +158,15 @@ def _parameter_element(instr: Instruction) -> int | None:
 
 def prefetchable(instr: Instruction) -> bool:
     """Whether all-gather `instr` can be issued one trip ahead: it lies in the
-    body of a loop with more than one trip (`loop_of_body`), and its operand is
-    computed from invariants (`computed_from_invariants`)."""
+    body of a loop with more than one trip (`loop_of_body`) and no loop of its
+    own (the rewrite copies the body, and a copied inner loop would share its
+    body with the original), and its operand is computed from invariants
+    (`computed_from_invariants`)."""
     loop = loop_of_body(instr.computation)
     return (
         loop is not None
         and loop.trips > 1
+        and not any(i.opcode == "while" for i in loop.body.instructions)
         and bool(instr.operands)
         and computed_from_invariants(loop, instr.operands[0]) is not None
     )

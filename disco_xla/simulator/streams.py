@@ -39,11 +39,14 @@ def raise_no_progress() -> NoReturn:
 def bucket_streams(is_bucket: Iterable[bool], streams: int) -> list[int]:
     """The stream of each communication task: gradient buckets take the
     `streams` communication streams in turn, in plan order; every other
-    collective runs on one more stream of its own (number `streams`)."""
+    collective (an FSDP all-gather, an activation's all-reduce) shares the
+    first, as XLA:GPU runs its all-reduces, all-gathers and reduce-scatters on
+    one collective stream. (Until session 43 the others had a stream of their
+    own, and never waited for a gradient bucket.)"""
     streams = max(1, streams)
     found, bucket_index = [], 0
     for bucket in is_bucket:
-        found.append(bucket_index % streams if bucket else streams)
+        found.append(bucket_index % streams if bucket else 0)
         bucket_index += bucket
     return found
 
