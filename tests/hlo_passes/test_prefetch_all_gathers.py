@@ -95,3 +95,20 @@ def test_a_plan_with_prefetches_survives_json(fsdp_step):
     )
     assert Plan.from_json(plan.to_json()) == plan
     assert "prefetched_all_gathers" not in Plan.unfused(fsdp_step).to_json()
+
+
+def test_the_census_of_a_plan_that_prefetches_refuses_a_size_it_does_not_make(fsdp_step):
+    from disco_xla.runtime.apply import NO_COMBINER, RewriteError, check_collectives
+    from disco_xla.runtime.xla_runner import compile_module
+
+    names = tuple(prefetchable_all_gathers(fsdp_step))
+    plan = dataclasses.replace(Plan.unfused(fsdp_step), prefetched_all_gathers=names)
+    rewritten = apply_plan(fsdp_step, plan, fusion=False)
+    check_collectives(fsdp_step, plan, compile_module(rewritten, NO_COMBINER))
+    # A program whose all-gathers were merged into buckets the plan does not
+    # make (sizes it never sends) is refused, though it has fewer all-gathers.
+    buckets = combined_all_gathers(fsdp_step, 1 << 30)
+    merged = dataclasses.replace(plan, all_gather_buckets=buckets, prefetched_all_gathers=())
+    compiled = compile_module(apply_plan(fsdp_step, merged, fusion=False), NO_COMBINER)
+    with pytest.raises(RewriteError, match="sizes"):
+        check_collectives(fsdp_step, plan, compiled)
