@@ -402,7 +402,6 @@ class _CommunicationTasks:
         and its later trips, which no kernel waits for. Each later trip's
         gather runs during the trip before, beside its kernels: they never wait
         for it, and it still takes its time on its stream."""
-        self.later_trips_of: dict[int, int] = {}
         for number in range(len(self.communications)):
             name, size, names = self.communications[number]
             if self.is_bucket[number] or not names or not set(names) <= prefetched:
