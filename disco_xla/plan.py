@@ -119,7 +119,7 @@ class Plan:
                 all_gather_buckets=tuple(
                     tuple(map(str, b)) for b in data.get("all_gather_buckets", ())
                 ),
-                prefetched_all_gathers=tuple(map(str, data.get("prefetched_all_gathers", ()))),
+                prefetched_all_gathers=tuple(map(str, _names(data, "prefetched_all_gathers"))),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise DiscoInputError(source, f"not a disco-xla plan ({error})") from None
@@ -133,6 +133,14 @@ class Plan:
             fusion_groups=tuple((i.name,) for i in compute_instructions(module)),
             all_reduce_buckets=tuple((a.name,) for a in gradient_all_reduces_in_order(module)),
         )
+
+
+def _names(data: dict, key: str) -> list:
+    """The list of names a plan's JSON holds under `key` ([] when absent)."""
+    names = data.get(key, [])
+    if not isinstance(names, list):
+        raise ValueError(f"{key} is not a list of names")
+    return names
 
 
 def compute_instructions(module: HloModule) -> list[Instruction]:

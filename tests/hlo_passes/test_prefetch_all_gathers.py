@@ -7,6 +7,7 @@ step's outputs unchanged, and the plan's rules."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -95,6 +96,11 @@ def test_a_plan_with_prefetches_survives_json(fsdp_step):
     )
     assert Plan.from_json(plan.to_json()) == plan
     assert "prefetched_all_gathers" not in Plan.unfused(fsdp_step).to_json()
+    # One name where a list belongs is refused, not read as its letters.
+    data = json.loads(plan.to_json())
+    data["prefetched_all_gathers"] = data["prefetched_all_gathers"][0]
+    with pytest.raises(DiscoInputError, match="not a list"):
+        Plan.from_json(json.dumps(data))
 
 
 def test_the_census_of_a_plan_that_prefetches_refuses_a_size_it_does_not_make(fsdp_step):
