@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from disco_xla.hlo.graph import Computation, Instruction
-from disco_xla.hlo.trip_counts import induction_variable, trip_count
+from disco_xla.hlo.trip_counts import element_of_parameter, induction_variable, trip_count
 
 # Instructions whose result is not a pure function of their operands, or that
 # talk to other devices or the host: never computed early.
@@ -83,7 +83,7 @@ class Loop:
     def invariant_elements(self) -> frozenset[int]:
         """The tuple elements the body passes through unchanged."""
         operands = self.body.root.operands
-        return frozenset(k for k, value in enumerate(operands) if _parameter_element(value) == k)
+        return frozenset(k for k, value in enumerate(operands) if element_of_parameter(value) == k)
 
 
 def loop_of_body(body: Computation) -> Loop | None:
@@ -119,7 +119,7 @@ def computed_from_invariants(loop: Loop, instr: Instruction) -> list[Instruction
         node = source(node)
         if node.id in seen:
             return True
-        element = _parameter_element(node)
+        element = element_of_parameter(node)
         if element is not None:
             ok = element == loop.induction_element or element in invariant
         elif node.opcode in _LEAVES:
@@ -147,13 +147,6 @@ def source(instr: Instruction) -> Instruction:
             return instr
         instr = holder.operands[instr.proto.tuple_index]
     return instr
-
-
-def _parameter_element(instr: Instruction) -> int | None:
-    """k when `instr` is get-tuple-element(parameter, k)."""
-    if instr.opcode != "get-tuple-element" or not instr.operands:
-        return None
-    return instr.proto.tuple_index if instr.operands[0].opcode == "parameter" else None
 
 
 def prefetchable(instr: Instruction) -> bool:

@@ -107,7 +107,7 @@ def _constant(instr: Instruction | None) -> int | None:
     return None
 
 
-def _element_of_parameter(instr: Instruction) -> int | None:
+def element_of_parameter(instr: Instruction) -> int | None:
     """k when `instr` is get-tuple-element(parameter 0, k)."""
     if instr.opcode != "get-tuple-element" or not instr.operands:
         return None
@@ -133,9 +133,9 @@ def induction_variable(loop: Instruction) -> tuple[int, int, int, str, int] | No
         return None
     direction = compare.proto.comparison_direction
     left, right = compare.operands
-    index, bound = _element_of_parameter(left), _constant(right)
+    index, bound = element_of_parameter(left), _constant(right)
     if index is None:
-        index, bound = _element_of_parameter(right), _constant(left)
+        index, bound = element_of_parameter(right), _constant(left)
         direction = _MIRRORED.get(direction, "")
     if index is None or bound is None or direction not in _MIRRORED:
         return None
@@ -172,9 +172,9 @@ def _step(body, index: int) -> int | None:
     if update.opcode not in ("add", "subtract") or len(update.operands) != 2:
         return None
     first, second = update.operands
-    if _element_of_parameter(first) == index and _constant(second) is not None:
+    if element_of_parameter(first) == index and _constant(second) is not None:
         value = _constant(second)
         return value if update.opcode == "add" else -value
-    if update.opcode == "add" and _element_of_parameter(second) == index:
+    if update.opcode == "add" and element_of_parameter(second) == index:
         return _constant(first)
     return None

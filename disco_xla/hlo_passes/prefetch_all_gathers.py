@@ -33,7 +33,7 @@ from disco_xla.hlo import edit
 from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.hlo.hlo_schema import ShapeProto
 from disco_xla.hlo.loops import Loop, computed_from_invariants, loop_of_body, source
-from disco_xla.hlo.trip_counts import induction_variable
+from disco_xla.hlo.trip_counts import element_of_parameter, induction_variable
 
 
 class PrefetchAllGathers:
@@ -87,6 +87,7 @@ def _prefetch_in_loop(
     channel = _peel_last_trip(loop, gathers, elements, channel)
     _one_trip_fewer(module, loop)
     first_gathers, next_gathers, carried = [], [], {}
+    parameter = _parameter(body)
     for number, (gather, operand_slice) in enumerate(zip(gathers, slices, strict=True)):
         element = elements + number
         first = _clone_before_loop(outer, loop, initial, operand_slice)
@@ -105,14 +106,14 @@ def _prefetch_in_loop(
             f"{gather.name}.this_trip",
             "get-tuple-element",
             gather.proto.shape,
-            [_parameter(body).id],
+            [parameter.id],
         )
         this_trip.tuple_index = element
         carried[gather.id] = this_trip.id
     edit.redirect_uses(body, carried)
     body.proto.root_id = carried.get(body.proto.root_id, body.proto.root_id)
     shapes = [g.proto.shape for g in gathers]
-    _extend_root(body, next_gathers)
+    root = _extend_root(body, next_gathers)
     for computation in (body, condition):
         _parameter(computation).proto.shape.tuple_shapes.extend(shapes)
         if computation.proto.program_shape.parameters:
@@ -123,8 +124,7 @@ def _prefetch_in_loop(
     proto = while_instr.proto
     proto.operand_ids[0] = new_initial.id
     proto.shape.tuple_shapes.extend(shapes)
-    root = next(p for p in body.proto.instructions if p.id == body.proto.root_id)
-    for tuple_proto in (proto, root, _parameter(body).proto, _parameter(condition).proto):
+    for tuple_proto in (proto, root, parameter.proto, _parameter(condition).proto):
         _extend_sharding(tuple_proto, len(shapes))
     return channel
 
@@ -169,7 +169,7 @@ def _peel_last_trip(loop: Loop, gathers: list[Instruction], elements: int, chann
     for instr in body.topological_order:
         if instr.opcode == "parameter":
             continue
-        element = _element(instr)
+        element = element_of_parameter(instr)
         if element is None:
             element = carried.get(instr.id)
         if element is not None:
@@ -203,7 +203,7 @@ def _one_trip_fewer(module: HloModule, loop: Loop) -> None:
     _, start, step, _, _ = induction_variable(loop.instruction)
     condition = loop.condition
     compare = condition.root
-    counter = next(o for o in compare.operands if _element(o) == loop.induction_element)
+    counter = next(o for o in compare.operands if element_of_parameter(o) == loop.induction_element)
     field = _COUNTER_VALUES.get(counter.proto.shape.element_type)
     if field is None:
         raise DiscoInputError(
@@ -232,7 +232,7 @@ def _clone_before_loop(outer, loop: Loop, initial: Instruction, operand_slice) -
     Returns {body id: clone id}."""
     clones: dict[int, int] = {}
     for instr in operand_slice:
-        element = _element(instr)
+        element = element_of_parameter(instr)
         if element is not None:
             clones[instr.id] = _element_of(outer, initial, element).id
             continue
@@ -248,7 +248,7 @@ def _clone_for_next_trip(body, loop: Loop, operand_slice) -> dict[int, int]:
     following: dict[int, int] = {}
     depends: set[int] = set()
     for instr in operand_slice:
-        element = _element(instr)
+        element = element_of_parameter(instr)
         if element == loop.induction_element:
             following[instr.id] = loop.next_induction.id
             depends.add(instr.id)
@@ -261,12 +261,6 @@ def _clone_for_next_trip(body, loop: Loop, operand_slice) -> dict[int, int]:
         following[instr.id] = clone.id
         depends.add(instr.id)
     return following
-
-
-def _element(instr: Instruction) -> int | None:
-    if instr.opcode == "get-tuple-element" and instr.operands[0].opcode == "parameter":
-        return instr.proto.tuple_index
-    return None
 
 
 def _parameter(computation) -> Instruction:
@@ -296,11 +290,13 @@ def _element_of(outer, tuple_instr: Instruction, element: int):
     return proto
 
 
-def _extend_root(body, next_gathers) -> None:
-    """The body's root tuple gains the next trip's gathered values."""
+def _extend_root(body, next_gathers):
+    """The body's root tuple gains the next trip's gathered values; returns
+    the root's proto."""
     root = next(p for p in body.proto.instructions if p.id == body.proto.root_id)
     root.operand_ids.extend(g.id for g in next_gathers)
     root.shape.tuple_shapes.extend(g.shape for g in next_gathers)
+    return root
 
 
 def _extended_tuple(outer, initial: Instruction, elements: int, first_gathers):

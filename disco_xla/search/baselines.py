@@ -396,12 +396,14 @@ def xla_gpu_all_gathers(
     best, best_s, best_limit = found
     note = f", all-gathers combined up to {best_limit // MB} MB"
     pipelined = replace(best, prefetched_all_gathers=pipelined_all_gathers(module, best))
-    if name in ("maxtext", "xla-tuned") and pipelined != best:
-        # MaxText sets XLA's collective pipelining on; the tuned baseline keeps
-        # it where it simulates faster.
-        pipelined_s = simulate(build_task_graph(module, pipelined), profile, cost_model).iteration_s
-        if name == "maxtext" or pipelined_s < best_s:
-            best, note = pipelined, note + ", pipelined a loop trip ahead"
+    # MaxText sets XLA's collective pipelining on; the tuned baseline keeps it
+    # where it simulates faster.
+    if pipelined != best and (
+        name == "maxtext"
+        or name == "xla-tuned"
+        and simulate(build_task_graph(module, pipelined), profile, cost_model).iteration_s < best_s
+    ):
+        best, note = pipelined, note + ", pipelined a loop trip ahead"
     return best, note
 
 
