@@ -17,6 +17,10 @@ Programs, each timed in paired rounds whose order rotates
   what XLA:GPU's `--xla_gpu_enable_pipelined_all_gather` does);
 - `gathers-xla-prefetched`: `gathers-xla`'s buckets, those of loop parameters
   issued a trip ahead;
+- `chunked`: every collective that can be split (`hlo.chunking`: the MLP's
+  activation all-gathers and its down projection's all-reduce, the parameter
+  all-gathers read by dots) in 2 chunks, so the MLP runs as a pipeline of 2
+  (the chunk dimension only);
 - `found`: `disco-xla optimize`'s plan for `--cluster` (the search, then the
   all-gather sweep), fusion and buckets;
 - `found-buckets`: the found plan's buckets alone (all-reduce and all-gather),
@@ -47,6 +51,7 @@ PROGRAMS = (
     "gathers-ordered",
     "prefetched",
     "gathers-xla-prefetched",
+    "chunked",
     "found",
     "found-buckets",
 )
@@ -71,6 +76,7 @@ def measure(module, cluster: str, rounds: int, max_evaluations: int) -> dict:
         XLA_GPU_ALL_GATHER_COMBINE_BYTES,
         combined_all_gathers,
     )
+    from disco_xla.search.chunking import chunk_candidates
     from disco_xla.search.prefetch import pipelined_all_gathers
 
     found = Plan.from_json(
@@ -83,6 +89,9 @@ def measure(module, cluster: str, rounds: int, max_evaluations: int) -> dict:
     xla_buckets = combined_all_gathers(module, XLA_GPU_ALL_GATHER_COMBINE_BYTES)
     in_order = tuple((instr.name,) for instr in all_gathers(module))
     xla_gathers = dataclasses.replace(unfused, all_gather_buckets=xla_buckets)
+
+    in_halves = tuple((split.collective.name, 2) for split in chunk_candidates(module, unfused))
+    chunked = dataclasses.replace(unfused, chunked_collectives=in_halves)
 
     def prefetching(plan: Plan) -> Plan:
         return dataclasses.replace(plan, prefetched_all_gathers=pipelined_all_gathers(module, plan))
@@ -106,6 +115,7 @@ def measure(module, cluster: str, rounds: int, max_evaluations: int) -> dict:
             fusion=False,
             source="XLA's all-gather buckets, a trip ahead",
         ),
+        "chunked": rewrite(module, chunked, fusion=False, source="collectives in 2 chunks"),
         "found": rewrite(module, found, source="found plan"),
         "found-buckets": rewrite(module, found, fusion=False, source="found buckets"),
     }
@@ -126,6 +136,8 @@ def measure(module, cluster: str, rounds: int, max_evaluations: int) -> dict:
         "found_all_gather_buckets": len(found.all_gather_buckets),
         "found_all_reduce_buckets": len(found.all_reduce_buckets),
         "found_prefetched": len(found.prefetched_all_gathers),
+        "found_chunked": len(found.chunked_collectives),
+        "chunkable": len(in_halves),
         "prefetchable": len(pipelined_all_gathers(module, unfused)),
         "xla_s": xla_s,
     }
@@ -188,7 +200,8 @@ def main() -> None:
             f"{row['all_gathers']} all-gathers; plan for {row['cluster']}: "
             f"{row['found_all_gather_buckets']} all-gather buckets, "
             f"{row['found_all_reduce_buckets']} all-reduce buckets, "
-            f"{row['found_prefetched']} of {row['prefetchable']} loop all-gathers a trip ahead"
+            f"{row['found_prefetched']} of {row['prefetchable']} loop all-gathers a trip ahead, "
+            f"{row['found_chunked']} of {row['chunkable']} collectives in chunks"
         )
         print(f"{'program':16s} {'measured ms':>12s} {'vs xla':>7s}  outputs")
         print(f"{'xla':16s} {row['xla_s'] * 1e3:12.3f} {1:7.2f}  reference")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.chunking import chunkable_collectives
 from disco_xla.hlo.collectives import collective_scope, device_groups, gathered_devices
 from disco_xla.hlo.custom_calls import is_library_call
 from disco_xla.hlo.graph import (
@@ -81,8 +82,11 @@ class Plan:
     buckets (an ordered partition of the gradient all-reduces, and of gradient
     reduce-scatters where a step sends its gradients sharded), and all-gather
     buckets (an ordered partition of the module's all-gathers, `all_gathers`;
-    empty: each all-gather as the module has it), and the all-gathers issued one
-    loop trip ahead of their use (`prefetched_all_gathers`; empty: none), by name."""
+    empty: each all-gather as the module has it), the all-gathers issued one
+    loop trip ahead of their use (`prefetched_all_gathers`; empty: none), and
+    the collectives split into chunks with the dots next to them
+    (`chunked_collectives`: (name, chunks) pairs, `hlo.chunking`; empty: none),
+    by name."""
 
     module_name: str
     fingerprint: str
@@ -90,6 +94,7 @@ class Plan:
     all_reduce_buckets: tuple[tuple[str, ...], ...]
     all_gather_buckets: tuple[tuple[str, ...], ...] = ()
     prefetched_all_gathers: tuple[str, ...] = ()
+    chunked_collectives: tuple[tuple[str, int], ...] = ()
 
     def to_json(self) -> str:
         data = {
@@ -103,6 +108,8 @@ class Plan:
             data["all_gather_buckets"] = [list(b) for b in self.all_gather_buckets]
         if self.prefetched_all_gathers:
             data["prefetched_all_gathers"] = list(self.prefetched_all_gathers)
+        if self.chunked_collectives:
+            data["chunked_collectives"] = dict(self.chunked_collectives)
         return json.dumps(data, indent=1)
 
     @classmethod
@@ -120,6 +127,7 @@ class Plan:
                     tuple(map(str, b)) for b in data.get("all_gather_buckets", ())
                 ),
                 prefetched_all_gathers=tuple(map(str, _names(data, "prefetched_all_gathers"))),
+                chunked_collectives=_chunk_counts(data),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise DiscoInputError(source, f"not a disco-xla plan ({error})") from None
@@ -141,6 +149,16 @@ def _names(data: dict, key: str) -> list:
     if not isinstance(names, list):
         raise ValueError(f"{key} is not a list of names")
     return names
+
+
+def _chunk_counts(data: dict) -> tuple[tuple[str, int], ...]:
+    """The (name, chunks) pairs a plan's JSON holds ({name: chunks}; () when absent)."""
+    counts = data.get("chunked_collectives", {})
+    if not isinstance(counts, dict) or not all(
+        isinstance(chunks, int) and not isinstance(chunks, bool) for chunks in counts.values()
+    ):
+        raise ValueError("chunked_collectives is not a map of names to chunk counts")
+    return tuple((str(name), chunks) for name, chunks in counts.items())
 
 
 def compute_instructions(module: HloModule) -> list[Instruction]:
@@ -179,6 +197,9 @@ def verify_plan(
     other; and no bucket depends on a later one. All-gather buckets, where the
     plan has them, by the same rules over the module's all-gathers. Prefetched
     all-gathers (`prefetchable` ones), each of a bucket's members or none.
+    Chunked collectives (`hlo.chunking`), each once, in a count that divides
+    its dimension, neither prefetched nor in a bucket of several, and no dot
+    split by two of them.
     """
     if plan.fingerprint != module.fingerprint:
         raise DiscoInputError(
@@ -194,6 +215,8 @@ def verify_plan(
         _check_all_gather_buckets(plan, module, source)
     if plan.prefetched_all_gathers:
         _check_prefetched(plan, module, source)
+    if plan.chunked_collectives:
+        _check_chunked(plan, module, source)
 
 
 def _instructions_by_name(module: HloModule, source: str) -> dict[str, Instruction]:
@@ -476,6 +499,43 @@ def _check_prefetched(plan: Plan, module: HloModule, source: str) -> None:
             raise DiscoInputError(
                 source, f"all-gather bucket {index} is prefetched in part: all its members or none"
             )
+
+
+def _check_chunked(plan: Plan, module: HloModule, source: str) -> None:
+    splits = {split.collective.name: split for split in chunkable_collectives(module)}
+    names = [name for name, _ in plan.chunked_collectives]
+    if len(set(names)) != len(names):
+        raise DiscoInputError(source, "a collective is split into chunks twice")
+    prefetched = set(plan.prefetched_all_gathers)
+    bucket_of = {n: b for b in plan.all_gather_buckets for n in b}
+    split_by: dict[str, str] = {}
+    for name, chunks in plan.chunked_collectives:
+        split = splits.get(name)
+        if split is None:
+            raise DiscoInputError(
+                source,
+                f"{name!r} cannot be split into chunks: it must be an all-reduce of a dot "
+                "read by nothing else (not a gradient's), or an all-gather read only by dots",
+            )
+        if not split.allows(chunks):
+            raise DiscoInputError(
+                source,
+                f"{name!r} cannot be split into {chunks} chunks: its dimension has "
+                f"{split.size} elements",
+            )
+        if name in prefetched:
+            raise DiscoInputError(source, f"{name!r} is both prefetched and split into chunks")
+        if len(bucket_of.get(name, (name,))) > 1:
+            raise DiscoInputError(
+                source, f"{name!r} is split into chunks but shares an all-gather bucket"
+            )
+        for dot in split.dots:
+            if dot.name in split_by:
+                raise DiscoInputError(
+                    source,
+                    f"{dot.name!r} would be split twice, by {split_by[dot.name]!r} and {name!r}",
+                )
+            split_by[dot.name] = name
 
 
 def buckets_follow_dependencies(

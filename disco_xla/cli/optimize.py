@@ -215,6 +215,12 @@ def _print_flags(flags: XlaFlags, comparison) -> None:
         f"  simulated {flags.simulated_s * 1e3:.3f} ms with these flags; found plan "
         f"{found_s * 1e3:.3f} ms; xla-overlap {overlap_s * 1e3:.3f} ms"
     )
+    chunked = comparison.found.plan.chunked_collectives
+    if chunked:
+        print(
+            f"  no flag splits collectives into chunks as the found plan does ({len(chunked)}): "
+            "only its rewrite (-o) realises them"
+        )
 
 
 def _write_plan(path: str, plan) -> None:

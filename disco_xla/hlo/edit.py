@@ -46,6 +46,12 @@ def clone_instruction(computation: Computation, proto, name: str, operands) -> o
     return clone
 
 
+def next_channel_id(module) -> int:
+    """A channel id above every one `module` (an HloModule) uses: a collective
+    a pass adds must not share its channel with another."""
+    return 1 + max((i.proto.channel_id for i in module.instructions()), default=0)
+
+
 def scalar_shape(element_type: int):
     """A rank-0 ShapeProto (with an empty layout, as XLA writes scalars)."""
     shape = ShapeProto(element_type=element_type)

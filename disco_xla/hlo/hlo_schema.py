@@ -58,6 +58,7 @@ _MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
         ("window", 15, "Window", False),
         ("convolution_dimension_numbers", 16, "ConvolutionDimensionNumbers", False),
         ("slice_dimensions", 17, "SliceDimensions", True),
+        ("dynamic_slice_sizes", 20, "int64", True),
         ("channel_id", 26, "int64", False),
         ("custom_call_target", 28, "string", False),
         ("dot_dimension_numbers", 30, "DotDimensionNumbers", False),

@@ -18,3 +18,11 @@ REDUCTION_OPCODES = ALL_REDUCE_OPCODES | frozenset({"reduce-scatter"})
 COLLECTIVE_DONE_OPCODES = frozenset(
     {"all-reduce-done", "all-gather-done", "collective-permute-done"}
 )
+# Operations that compute each element of their result from the same element of
+# each operand (all of one shape; a select's predicate too).
+ELEMENTWISE_OPCODES = frozenset(
+    """abs add and atan2 cbrt ceil compare convert cosine divide erf exponential
+    exponential-minus-one floor is-finite log log-plus-one logistic maximum minimum
+    multiply negate not or power remainder round-nearest-afz round-nearest-even
+    rsqrt select sign sine sqrt subtract tan tanh xor""".split()
+)

@@ -58,7 +58,7 @@ class PrefetchAllGathers:
                     module.source, f"{name} is not an all-gather in a counted loop's body"
                 )
             by_loop.setdefault(loop.body.name, (loop, []))[1].append(gather)
-        channel = _next_channel_id(module)
+        channel = edit.next_channel_id(module)
         doomed: list[Instruction] = []
         for loop, gathers in by_loop.values():
             channel = _prefetch_in_loop(module, loop, gathers, channel)
@@ -312,10 +312,6 @@ def _extended_tuple(outer, initial: Instruction, elements: int, first_gathers):
         shape,
         [*operands, *(g.id for g in first_gathers)],
     )
-
-
-def _next_channel_id(module: HloModule) -> int:
-    return 1 + max((i.proto.channel_id for i in module.instructions()), default=0)
 
 
 def _forget_control_edges(module: HloModule, removed: set[int]) -> None:

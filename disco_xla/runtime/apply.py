@@ -23,6 +23,7 @@ import numpy as np
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.bucket_all_gathers import GATHER_BUCKET_MARK, BucketAllGathers
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
+from disco_xla.hlo_passes.chunk_collectives import ChunkCollectives
 from disco_xla.hlo_passes.drop_schedule import DropSchedule
 from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
 from disco_xla.hlo_passes.pass_interface import HloPass, run_pipeline
@@ -112,7 +113,9 @@ def plan_pipeline(
     scheduled module's schedule and make its asynchronous all-reduces
     synchronous, then the fusion boundaries of the groups that need one
     (`plan.departing_groups`), when `fusion`, then the all-reduce buckets, then
-    the all-gather buckets where the plan has them."""
+    the all-gather buckets where the plan has them, then its chunked
+    collectives, then its prefetched all-gathers (after the chunks, so that the
+    loop trip it peels is a copy of the chunked body)."""
     passes: list[HloPass] = [DropSchedule(), SynchronousAllReduces()]
     if fusion:
         boundaries = departing_groups(module, plan, left_to_xla)
@@ -120,6 +123,8 @@ def plan_pipeline(
     passes.append(BucketAllReduces(plan.all_reduce_buckets))
     if plan.all_gather_buckets:
         passes.append(BucketAllGathers(plan.all_gather_buckets))
+    if plan.chunked_collectives:
+        passes.append(ChunkCollectives(dict(plan.chunked_collectives)))
     if plan.prefetched_all_gathers:
         passes.append(PrefetchAllGathers(prefetched_after_buckets(plan)))
     return passes
@@ -190,6 +195,7 @@ def check_all_gathers(original: HloModule, plan: Plan, compiled: HloModule) -> N
         all_gathers(original)
     )
     expected = len(plan.all_gather_buckets) + unbucketed
+    expected += sum(chunks - 1 for _, chunks in _chunk_sizes(original, plan, "all-gather"))
     got = sum(1 for i in compiled.instructions() if i.opcode in ("all-gather", "all-gather-start"))
     if got > expected:
         raise RewriteError(
@@ -231,7 +237,11 @@ def _all_gather_elements_planned(original: HloModule, plan: Plan) -> list[int]:
     bucket."""
     by_name = {instr.name: instr for instr in all_gathers(original)}
     buckets = plan.all_gather_buckets or tuple((name,) for name in by_name)
-    sizes = [sum(by_name[name].shape.elements for name in bucket) for bucket in buckets]
+    chunked = dict(plan.chunked_collectives)
+    sizes = [
+        sum(by_name[name].shape.elements for name in bucket) // chunked.get(bucket[0], 1)
+        for bucket in buckets
+    ]
     sizes += [
         instr.shape.elements
         for instr in original.instructions()
@@ -289,7 +299,21 @@ def _expected_all_reduce_elements(module: HloModule, plan: Plan) -> list[int]:
             if sizes[size] > 0:
                 sizes[size] -= 1
         sizes[sum(members)] += 1
+    for size, chunks in _chunk_sizes(module, plan, "all-reduce"):
+        if sizes[size] > 0:
+            sizes[size] -= 1
+        sizes[size // chunks] += chunks
     return sorted(sizes.elements())
+
+
+def _chunk_sizes(module: HloModule, plan: Plan, opcode: str) -> list[tuple[int, int]]:
+    """(elements, chunks) of each of the plan's chunked collectives of `opcode`."""
+    found = []
+    for name, chunks in plan.chunked_collectives:
+        instr = module.instruction(name)
+        if instr.opcode == opcode:
+            found.append((instr.shape.elements, chunks))
+    return found
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@
 4. The search, `found`: every move, from no fusion, the greedy fusion, every
    baseline and the ablations' plans, so it is never slower than any of them.
    Its moves keep a plan's all-gather buckets; the found plan then takes the
-   fastest of a sweep of all-gather buckets (`all_gather_buckets`), and of
-   which loop-body all-gathers to issue a trip ahead (`prefetch`). On GPU
+   fastest of a sweep of all-gather buckets (`all_gather_buckets`), of
+   which loop-body all-gathers to issue a trip ahead (`prefetch`), and of how
+   many chunks to split each collective into with the dots next to it
+   (`chunking`). On GPU
    profiles, the program of the XLA flags closest to it replaces it where that
    is faster (`xla_flags`).
 
@@ -34,11 +36,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.chunking import chunkable_collectives
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan, all_gathers, prefetchable_all_gathers, verify_plan
 from disco_xla.search.all_gather_buckets import best_all_gather_buckets
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
+from disco_xla.search.chunking import best_chunks
 from disco_xla.search.fusion_source import XlaFusion
 from disco_xla.search.prefetch import best_prefetch
 from disco_xla.search.xla_flags import closest_xla_flags
@@ -198,15 +202,21 @@ class _Runs:
         }
 
     def search(self, label: str, starts: list[Plan], moves: str, keep: int = 1) -> SearchResult:
-        """The search from `starts` without their all-gather buckets and
-        prefetches (its moves keep a plan's, and both can make every evaluation
-        a full simulation), then the found plan with the fastest all-gather
-        buckets and prefetches (`with_best_all_gathers`)."""
+        """The search from `starts` without their all-gather buckets,
+        prefetches and chunks (its moves keep a plan's, and each can make every
+        evaluation a full simulation), then the found plan with the fastest
+        all-gather buckets and prefetches (`with_best_all_gathers`), then the
+        fastest chunks (`with_best_chunks`)."""
         found = search(
             self.module,
             self.profile,
             self.cost_model,
-            [replace(plan, all_gather_buckets=(), prefetched_all_gathers=()) for plan in starts],
+            [
+                replace(
+                    plan, all_gather_buckets=(), prefetched_all_gathers=(), chunked_collectives=()
+                )
+                for plan in starts
+            ],
             self.settings,
             moves=moves,
             keep=keep,
@@ -214,7 +224,7 @@ class _Runs:
             within_groups=self.own_groups,
             on_evaluation=self.on_search(label) if self.on_search else lambda done, best_s: None,
         )
-        return self.with_best_all_gathers(found, starts)
+        return self.with_best_chunks(self.with_best_all_gathers(found, starts))
 
     def with_best_all_gathers(self, found: SearchResult, starts: list[Plan]) -> SearchResult:
         """`found` with the fastest all-gather buckets among the starts' and a
@@ -225,13 +235,7 @@ class _Runs:
         plan = found.plan
         if not all_gathers(self.module):
             return found
-
-        def plan_s(trial: Plan) -> float:
-            try:
-                verify_plan(trial, self.module)
-            except DiscoInputError:
-                return math.inf
-            return self.simulate(build_task_graph(self.module, trial)).iteration_s
+        plan_s = self._plan_s
 
         def price(buckets: tuple[tuple[str, ...], ...]) -> float:
             return plan_s(replace(plan, all_gather_buckets=buckets))
@@ -252,6 +256,25 @@ class _Runs:
             return found
         top = ((best_s, best), *found.top_plans)[: max(1, len(found.top_plans))]
         return replace(found, plan=best, iteration_s=best_s, top_plans=top)
+
+    def with_best_chunks(self, found: SearchResult) -> SearchResult:
+        """`found` with each collective split into the fastest number of chunks
+        (`chunking.best_chunks`), where any split is faster."""
+        if not chunkable_collectives(self.module):
+            return found
+        best, best_s = best_chunks(self.module, found.plan, self._plan_s)
+        if best == found.plan:
+            return found
+        top = ((best_s, best), *found.top_plans)[: max(1, len(found.top_plans))]
+        return replace(found, plan=best, iteration_s=best_s, top_plans=top)
+
+    def _plan_s(self, trial: Plan) -> float:
+        """The simulated seconds of `trial` (inf where it is not a valid plan)."""
+        try:
+            verify_plan(trial, self.module)
+        except DiscoInputError:
+            return math.inf
+        return self.simulate(build_task_graph(self.module, trial)).iteration_s
 
     def with_flags_program(self, found: SearchResult, xla_fusion: Plan) -> SearchResult:
         """`found`, or the program of the XLA flags closest to it

@@ -24,6 +24,7 @@ def comparison_summary(comparison: PlanComparison) -> dict:
         "buckets": found.buckets,
         "all_gather_buckets": len(comparison.found.plan.all_gather_buckets),
         "prefetched_all_gathers": len(comparison.found.plan.prefetched_all_gathers),
+        "chunked_collectives": len(comparison.found.plan.chunked_collectives),
         "kernels": found.kernels,
         "fusion_source": comparison.fusion.source if comparison.fusion else None,
         "fusion": comparison.fusion.note if comparison.fusion else None,
@@ -63,4 +64,8 @@ def format_table(comparison: PlanComparison) -> str:
     prefetched = comparison.found.plan.prefetched_all_gathers
     if prefetched:
         lines.append(f"found plan: {len(prefetched)} all-gathers issued a loop trip ahead")
+    chunked = comparison.found.plan.chunked_collectives
+    if chunked:
+        counts = ", ".join(f"{name} in {chunks}" for name, chunks in chunked)
+        lines.append(f"found plan: {len(chunked)} collectives split into chunks ({counts})")
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from operator import attrgetter, itemgetter
 
 import numpy as np
 
+from disco_xla.simulator.chunks import chunk_kernel_s
 from disco_xla.simulator.comm import CommCostFn, all_reduce_s, collective_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.kernels import TaskGraph
@@ -181,7 +182,9 @@ def _gradients_as_one_s(
 def _simulate(
     graph, profile, cost_model, comm_cost, ideal_compute_s, step_buffers=0
 ) -> SimulationResult:
-    kernel_s = cost_model.kernels_s(graph)
+    kernel_s = chunk_kernel_s(
+        cost_model.kernels_s(graph), graph.kernel_shares, profile.kernel_launch_s
+    )
     if profile.kernel_time_scale != 1.0:  # workers sharing cores (a calibrated CPU profile)
         kernel_s = np.asarray(kernel_s, dtype=np.float64) * profile.kernel_time_scale
     # round() and np.rint both round half to even: the same integers as to_ps.

@@ -37,6 +37,7 @@ from disco_xla.hlo.custom_calls import library_call_kind
 from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.hlo.loops import loop_of_body
 from disco_xla.plan import Plan
+from disco_xla.simulator.chunks import with_chunks
 from disco_xla.simulator.module_index import ModuleIndex, module_index
 from disco_xla.simulator.plan_kernels import (
     CollectiveInfo,
@@ -175,6 +176,10 @@ class TaskGraph:
     # when its groups split the devices (`comm.group_profile`); missing entries
     # span every device.
     communication_groups: list[tuple[tuple[int, ...], int]] = field(default_factory=list)
+    # Per kernel: the share of its fusion group's work it does, below 1 for a
+    # chunk of a kernel split with a chunked collective (`chunks`); missing
+    # entries are 1.
+    kernel_shares: list[float] = field(default_factory=list)
 
     def communication_kind(self, communication: int) -> str:
         kinds = self.communication_kinds
@@ -327,7 +332,7 @@ def build_task_graph(
     ordered_dependencies += [
         sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
     ]
-    return TaskGraph(
+    graph = TaskGraph(
         kernels,
         comms.communications,
         ordered_dependencies,
@@ -339,6 +344,9 @@ def build_task_graph(
         comms.kinds,
         comms.groups,
     )
+    if plan.chunked_collectives:
+        graph = with_chunks(graph, module, plan.chunked_collectives)
+    return graph
 
 
 class _CommunicationTasks:

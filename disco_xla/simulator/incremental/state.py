@@ -147,8 +147,13 @@ class PlanState(KernelMoves):
         # are then simulated in full. Elsewhere the two orders are the same.
         # All-gather buckets whose readers would run before another member's
         # producer reorder the kernels the same way, for every neighbour.
-        # Prefetched all-gathers split into tasks this state does not track.
-        self.full_only = bool(plan.prefetched_all_gathers) or self._ordered_by_all_gather_buckets()
+        # Prefetched all-gathers and chunked collectives split into tasks this
+        # state does not track.
+        self.full_only = (
+            bool(plan.prefetched_all_gathers)
+            or bool(plan.chunked_collectives)
+            or self._ordered_by_all_gather_buckets()
+        )
         try:
             self.iteration_ps = self._simulated_ps(plan) if self.full_only else self._iteration_ps()
         except RuntimeError:
