@@ -129,7 +129,9 @@ def ready_bound_s(module, fusion_plan, profile, cost_model) -> float:
     a trip), as one message for each kind and device group (`events` prices
     T_ideal's the same way). The earliest ready times come from the fusion's
     kernels with free communication: in a loop body, kernels that read a
-    reduced gradient would otherwise wait for it, and delay later gradients."""
+    reduced gradient would otherwise wait for it, and delay later gradients.
+    The plan's prefetches and chunks are kept, since they change when data is
+    ready (a chunked kernel's chunks end one by one)."""
     from disco_xla.plan import gradient_all_reduces_in_order
     from disco_xla.search.baselines import gradients_in_ready_order, with_buckets
     from disco_xla.simulator.comm import collective_s
@@ -218,6 +220,7 @@ def row(workload: str, devices: int, cluster: str, args) -> dict:
         "search_s": comparison.found.search_s,
         "plan_s": plan_s,
         "all_gather_buckets": len(comparison.found.plan.all_gather_buckets),
+        "chunked_collectives": dict(comparison.found.plan.chunked_collectives),
         "prepare_s": prepare_s,
         "slower_than": sorted(n for n, s in baselines.items() if s < found.iteration_s),
     }
