@@ -91,21 +91,37 @@ class _Rewrite:
                 self.removed.append(instr)
         for instr in computation.topological_order:
             if instr.name in computed and (
-                instr is computation.root
-                or any(
-                    u.name not in computed and u.name not in self.collectives for u in instr.users
-                )
+                instr is computation.root or any(self._reads_whole(u, instr) for u in instr.users)
             ):
                 new_for_old[instr.id] = self._whole(instr).id
         _take_place(computation, new_for_old, waiters)
 
+    def _reads_whole(self, user: Instruction, value: Instruction) -> bool:
+        """Whether `user` reads `value` (computed in chunks) whole: it is not
+        computed in chunks itself, nor the chunked all-reduce of its dot."""
+        if user.name in self.chunking.computed:
+            return False
+        split = self.collectives.get(user.name)
+        return split is None or split[0].split != "producer"
+
     def _gather(self, split: ChunkSplit, chunks: int) -> None:
+        """The all-gather of each chunk of its operand: the operand's own
+        chunks where it is computed in chunks along the same dimension, else
+        slices of the whole."""
         gather = split.collective
+        operand = gather.operands[0]
+        own = self.chunking.computed.get(operand.name) == (split.operand_dimension, chunks)
+        whole = None
+        if not own:
+            computed = operand.name in self.chunking.computed
+            whole = self._whole(operand) if computed else operand.proto
         width = split.size // chunks
         pieces = []
         for j in range(chunks):
-            rows = _slice(
-                gather.computation, gather.operands[0].proto, split.operand_dimension, j, width
+            rows = (
+                self.pieces[operand.name][j]
+                if own
+                else _slice(gather.computation, whole, split.operand_dimension, j, width)
             )
             piece = _clone(
                 gather, f"{gather.name}.chunk{j}", [rows.id], split.operand_dimension, width

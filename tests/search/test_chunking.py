@@ -88,18 +88,8 @@ def test_optimize_writes_a_checked_module_whose_mlp_runs_in_chunks(fsdp_step_fil
     cluster.write_text(BALANCED_YAML)
     out = tmp_path / "out.hlo.pb"
     args = [fsdp_step_file, "--cluster", str(cluster), "--max-evals", "150"]
-    result = run_cli(
-        "optimize",
-        *args,
-        "-o",
-        str(out),
-        "--candidates",
-        "1",
-        "--measure-budget-s",
-        "3",
-        "--json",
-        timeout_s=600,
-    )
+    checked = ["-o", str(out), "--candidates", "1", "--measure-budget-s", "3", "--json"]
+    result = run_cli("optimize", *args, *checked, timeout_s=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["chunked_collectives"] >= 2
