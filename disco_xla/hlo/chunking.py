@@ -164,6 +164,22 @@ def _readers_split(gather: Instruction) -> ChunkSplit | None:
     return ChunkSplit(gather, "readers", tuple(readers), dimension, dims[dimension], outputs)
 
 
+def whole_dynamic_slice(reduce: Instruction, dimension: int) -> Instruction | None:
+    """The all-reduce's one reader when it is a dynamic-slice of it that keeps
+    `dimension` whole, else None."""
+    if len(reduce.users) != 1 or reduce is reduce.computation.root:
+        return None
+    (reader,) = reduce.users
+    if reader.opcode != "dynamic-slice" or reader.operands[0] is not reduce:
+        return None
+    if reader.operands.count(reduce) != 1:
+        return None
+    sizes = list(reader.proto.dynamic_slice_sizes)
+    if len(sizes) <= dimension or sizes[dimension] != reduce.shape.dims[dimension]:
+        return None
+    return reader
+
+
 @dataclass(frozen=True)
 class Chunking:
     """What a plan's chunked collectives split: each one's `ChunkSplit` and
@@ -177,6 +193,53 @@ class Chunking:
         """Whether the producing dot of a producer split reads its left operand
         in chunks along its split dimension (else it slices the whole)."""
         return self.computed.get(dot.operands[0].name) == (split.operand_dimension, chunks)
+
+    def reads_whole(self, user: Instruction, value: Instruction) -> bool:
+        """Whether `user` reads `value` (computed in chunks) whole, so that the
+        rewrite concatenates its chunks: an elementwise operation computed in
+        chunks reads chunks, and so do a producing dot whose left operand comes
+        in its own chunks, the chunked all-reduce of its dot, and a chunked
+        all-gather of chunks along its own dimension."""
+        computed = self.computed.get(user.name)
+        split = next(((s, n) for s, n in self.splits if s.collective is user), None)
+        if split is not None:
+            if split[0].split == "producer":
+                return False
+            return self.computed.get(value.name) != (split[0].operand_dimension, split[1])
+        if computed is None:
+            return True
+        if user.opcode != "dot":
+            return False
+        producer = next(
+            ((s, n) for s, n in self.splits if s.split == "producer" and s.dots[0] is user), None
+        )
+        if producer is not None and user.operands[0] is value:
+            return not self.reads_chunks(user, *producer)
+        return True
+
+    def copied_bytes(self, split: ChunkSplit, chunks: int) -> int:
+        """The bytes the rewrite copies around one split: a slice of what the
+        split reads whole, and the concatenation of a reduced result."""
+        if split.split == "readers":
+            operand = split.collective.operands[0]
+            own = self.computed.get(operand.name) == (split.operand_dimension, chunks)
+            return 0 if own else operand.shape.bytes
+        (dot,) = split.dots
+        sliced = 0 if self.reads_chunks(dot, split, chunks) else dot.operands[0].shape.bytes
+        reader = whole_dynamic_slice(split.collective, split.output_dimensions[0])
+        return sliced + (reader or split.collective).shape.bytes
+
+    def joined(self, module: HloModule) -> list[Instruction]:
+        """The values computed in chunks that the rewrite concatenates: a
+        computation's root, or read whole by something (`reads_whole`)."""
+        found = []
+        for name in self.computed:
+            value = module.instruction(name)
+            if value is value.computation.root or any(
+                self.reads_whole(user, value) for user in value.users
+            ):
+                found.append(value)
+        return found
 
 
 def chunked_computation(module: HloModule, chunked: Iterable[tuple[str, int]]) -> Chunking:

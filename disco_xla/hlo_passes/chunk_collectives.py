@@ -30,7 +30,12 @@ from collections.abc import Mapping
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo import edit
-from disco_xla.hlo.chunking import Chunking, ChunkSplit, chunked_computation
+from disco_xla.hlo.chunking import (
+    Chunking,
+    ChunkSplit,
+    chunked_computation,
+    whole_dynamic_slice,
+)
 from disco_xla.hlo.graph import Computation, HloModule, Instruction
 from disco_xla.hlo.hlo_schema import ShapeProto
 
@@ -91,18 +96,11 @@ class _Rewrite:
                 self.removed.append(instr)
         for instr in computation.topological_order:
             if instr.name in computed and (
-                instr is computation.root or any(self._reads_whole(u, instr) for u in instr.users)
+                instr is computation.root
+                or any(self.chunking.reads_whole(u, instr) for u in instr.users)
             ):
                 new_for_old[instr.id] = self._whole(instr).id
         _take_place(computation, new_for_old, waiters)
-
-    def _reads_whole(self, user: Instruction, value: Instruction) -> bool:
-        """Whether `user` reads `value` (computed in chunks) whole: it is not
-        computed in chunks itself, nor the chunked all-reduce of its dot."""
-        if user.name in self.chunking.computed:
-            return False
-        split = self.collectives.get(user.name)
-        return split is None or split[0].split != "producer"
 
     def _gather(self, split: ChunkSplit, chunks: int) -> None:
         """The all-gather of each chunk of its operand: the operand's own
@@ -196,7 +194,7 @@ class _Rewrite:
         reduce, (dot,) = split.collective, split.dots
         output = split.output_dimensions[0]
         width = split.size // chunks
-        reader = _whole_dynamic_slice(reduce, output)
+        reader = whole_dynamic_slice(reduce, output)
         pieces = []
         for j, product in enumerate(self.pieces[dot.name]):
             reduced = _clone(reduce, f"{reduce.name}.chunk{j}", [product.id], output, width)
@@ -221,22 +219,6 @@ class _Rewrite:
         """Give a new collective the next free channel (where the original had one)."""
         if collective.channel_id:
             collective.channel_id, self.channel = self.channel, self.channel + 1
-
-
-def _whole_dynamic_slice(reduce: Instruction, dimension: int) -> Instruction | None:
-    """The all-reduce's one reader when it is a dynamic-slice of it that keeps
-    `dimension` whole, else None."""
-    if len(reduce.users) != 1 or reduce is reduce.computation.root:
-        return None
-    (reader,) = reduce.users
-    if reader.opcode != "dynamic-slice" or reader.operands[0] is not reduce:
-        return None
-    if reader.operands.count(reduce) != 1:
-        return None
-    sizes = list(reader.proto.dynamic_slice_sizes)
-    if len(sizes) <= dimension or sizes[dimension] != reduce.shape.dims[dimension]:
-        return None
-    return reader
 
 
 def _narrowed(proto, dimension: int, width: int) -> ShapeProto:

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from disco_xla.errors import DiscoInputError
+from disco_xla.hlo.chunking import chunked_computation
 from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.loops import computed_from_invariants, loop_of_body
 from disco_xla.hlo_passes.bucket_all_gathers import GATHER_BUCKET_MARK, BucketAllGathers
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
 from disco_xla.hlo_passes.chunk_collectives import ChunkCollectives
@@ -93,7 +96,10 @@ def apply_plan(
     outlines every group, as the boundary-cost benchmark measures."""
     verify_plan(plan, module, source=plan_source)
     rewritten = HloModule.from_bytes(module.to_bytes(), f"{module.source} + {plan_source}")
-    run_pipeline(rewritten, plan_pipeline(rewritten, plan, fusion, left_to_xla))
+    try:
+        run_pipeline(rewritten, plan_pipeline(rewritten, plan, fusion, left_to_xla))
+    except DiscoInputError as error:  # the plan was verified: a pass found it cannot apply
+        raise RewriteError(f"the rewrite failed: {error}") from None
     if check:
         try:
             compiled = compile_module(rewritten, NO_COMBINER)
@@ -115,10 +121,16 @@ def plan_pipeline(
     (`plan.departing_groups`), when `fusion`, then the all-reduce buckets, then
     the all-gather buckets where the plan has them, then its chunked
     collectives, then its prefetched all-gathers (after the chunks, so that the
-    loop trip it peels is a copy of the chunked body)."""
+    loop trip it peels is a copy of the chunked body). A group that holds what
+    those later passes rewrite in place (a prefetched all-gather's operand, the
+    elementwise operations between chunked collectives: `kept_in_place`) gets
+    no boundary: outlined into a call, it would hide them from those passes."""
     passes: list[HloPass] = [DropSchedule(), SynchronousAllReduces()]
     if fusion:
         boundaries = departing_groups(module, plan, left_to_xla)
+        kept = kept_in_place(module, plan)
+        if kept:
+            boundaries = [group for group in boundaries if kept.isdisjoint(group)]
         passes.append(OutlineFusionGroups(plan.fusion_groups, boundaries))
     passes.append(BucketAllReduces(plan.all_reduce_buckets))
     if plan.all_gather_buckets:
@@ -128,6 +140,30 @@ def plan_pipeline(
     if plan.prefetched_all_gathers:
         passes.append(PrefetchAllGathers(prefetched_after_buckets(plan)))
     return passes
+
+
+def kept_in_place(module: HloModule, plan: Plan) -> set[str]:
+    """The names of the instructions that the prefetch and chunk passes find
+    and rewrite where they are: what each prefetched all-gather's operand is
+    computed from in its loop body (`loops.computed_from_invariants`) and what
+    its loop's trips are counted by, and what the chunked collectives compute
+    in chunks (`chunking.chunked_computation`)."""
+    kept: set[str] = set()
+    for name in plan.prefetched_all_gathers:
+        gather = module.instruction(name)
+        loop = loop_of_body(gather.computation)
+        if loop is None:
+            continue
+        kept.update(i.name for i in computed_from_invariants(loop, gather.operands[0]) or ())
+        # What its trip count is read from: the condition, the counter's step
+        # and its start (`trip_counts.induction_variable`).
+        kept.update(i.name for i in loop.condition.instructions)
+        step = loop.next_induction
+        kept.update(i.name for i in (step, *step.operands))
+        kept.add(loop.instruction.operands[0].operands[loop.induction_element].name)
+    if plan.chunked_collectives:
+        kept.update(chunked_computation(module, plan.chunked_collectives).computed)
+    return kept
 
 
 def prefetched_after_buckets(plan: Plan) -> list[str]:

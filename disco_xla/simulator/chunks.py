@@ -11,7 +11,11 @@ holds a reading dot) becomes k kernels, each 1/k of the kernel's work
   collective, so it computes while the next chunks arrive.
 Whatever read the whole collective or kernel waits for all its chunks. A chunk
 costs the kernel's launch once more (`chunk_kernel_s`), and each chunk of a
-collective its own latency (`comm.collective_s` of the chunk's bytes).
+collective its own latency (`comm.collective_s` of the chunk's bytes). The
+copies the rewrite adds (a slice of what a split reads whole, the
+concatenation of what something reads whole: `Chunking.copied_bytes`,
+`Chunking.joined`) are read and written at the memory bandwidth, on the
+chunks of the kernels they belong to.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from disco_xla.hlo.graph import HloModule
 
 if TYPE_CHECKING:  # `kernels` builds its graphs through this module
     from disco_xla.simulator.kernels import TaskGraph
+    from disco_xla.simulator.profiles import ClusterProfile
 
 
 def with_chunks(graph: TaskGraph, module: HloModule, chunked) -> TaskGraph:
@@ -41,52 +46,76 @@ def with_chunks(graph: TaskGraph, module: HloModule, chunked) -> TaskGraph:
         by_count.setdefault(chunks, (set(), set()))[0].add(name)
     for split, chunks in chunking.splits:
         by_count.setdefault(chunks, (set(), set()))[1].add(split.collective.name)
+    joined = chunking.joined(module)
     for chunks, (names, collectives) in sorted(by_count.items()):
-        kernels = {
-            k
-            for k, kernel in enumerate(graph.kernels)
-            if any(instr.name in names for instr in kernel.instructions)
-        }
+        holding: dict[int, list[int]] = {}  # id(instruction) -> kernels that hold it
+        for k, kernel in enumerate(graph.kernels):
+            for instr in kernel.instructions:
+                if instr.name in names:
+                    holding.setdefault(id(instr), []).append(k)
+        kernels = {k for found in holding.values() for k in found}
         comms = [
             c
             for c, (_, _, members) in enumerate(graph.communications)
             if len(members) == 1 and members[0] in collectives
         ]
-        graph = _split(graph, comms, kernels, chunks)
+        copies: dict[int, float] = {}
+        for split, count in chunking.splits:
+            if count == chunks:
+                share = chunking.copied_bytes(split, count) / len(split.dots)
+                for dot in split.dots:
+                    for k in holding.get(id(dot), ()):
+                        copies[k] = copies.get(k, 0.0) + share
+        for value in joined:
+            if chunking.computed[value.name][1] == chunks:
+                for k in holding.get(id(value), ()):
+                    copies[k] = copies.get(k, 0.0) + value.shape.bytes
+        graph = _split(graph, comms, kernels, chunks, copies)
     return graph
 
 
-def chunk_kernel_s(seconds, shares: list[float], launch_s: float):
+def chunk_kernel_s(seconds, graph: TaskGraph, profile: ClusterProfile):
     """Kernel times (a list or an array) with each chunk's share of its
     kernel's work: a chunk of 1/k takes 1/k of the kernel's time past its
-    launch, and the whole launch."""
+    launch, and the whole launch; and the copies around the chunks (the slices
+    before them, the concatenations after), read and written at the memory
+    bandwidth, on the kernels of the split."""
+    shares, copied = graph.kernel_shares, graph.kernel_copy_bytes
     if not shares:
         return seconds
+    launch_s, bandwidth = profile.kernel_launch_s, profile.memory_bandwidth_bytes_per_s
+    copied = copied + [0.0] * (len(shares) - len(copied))
     return [
-        float(s) if share == 1.0 else launch_s + max(float(s) - launch_s, 0.0) * share
-        for s, share in zip(seconds, shares, strict=True)
+        (float(s) if share == 1.0 else launch_s + max(float(s) - launch_s, 0.0) * share)
+        + 2.0 * moved / bandwidth
+        for s, share, moved in zip(seconds, shares, copied, strict=True)
     ]
 
 
-def _split(graph: TaskGraph, comms: list[int], kernels: set[int], chunks: int) -> TaskGraph:
+def _split(
+    graph: TaskGraph, comms: list[int], kernels: set[int], chunks: int, moved: dict[int, float]
+) -> TaskGraph:
     """`graph` with communication tasks `comms` and `kernels` in `chunks`
     chunks (see the module's docstring), the kernels in chunk-major order
-    (`_chunk_major`). Each collective's first chunk keeps its task number; the
+    (`_chunk_major`); `moved[k]`: the bytes copied around kernel k's chunks,
+    shared by them. Each collective's first chunk keeps its task number; the
     others come after every communication task."""
     kernel_count, comm_count = len(graph.kernels), len(graph.communications)
     shares = graph.kernel_shares + [1.0] * (kernel_count - len(graph.kernel_shares))
     runs = graph.kernel_runs + [1] * (kernel_count - len(graph.kernel_runs))
+    copied = graph.kernel_copy_bytes + [0.0] * (kernel_count - len(graph.kernel_copy_bytes))
     positions: list[list[int]] = []
-    new_kernels, new_runs, new_shares, origin = [], [], [], []
+    new_kernels, new_runs, new_shares, new_copied, origin = [], [], [], [], []
     for k, kernel in enumerate(graph.kernels):
-        copies = chunks if k in kernels else 1
-        positions.append(list(range(len(new_kernels), len(new_kernels) + copies)))
-        for j in range(copies):
-            name = kernel.name if copies == 1 else f"{kernel.name}.chunk{j}"
-            new_kernels.append(kernel if copies == 1 else replace(kernel, name=name))
+        count = chunks if k in kernels else 1
+        positions.append(list(range(len(new_kernels), len(new_kernels) + count)))
+        for j in range(count):
+            name = kernel.name if count == 1 else f"{kernel.name}.chunk{j}"
+            new_kernels.append(kernel if count == 1 else replace(kernel, name=name))
             new_runs.append(runs[k])
-            new_shares.append(shares[k] / copies)
-            origin.append((k, j if copies > 1 else None))
+            new_shares.append(shares[k] / count)
+            new_copied.append((copied[k] + moved.get(k, 0.0)) / count)
+            origin.append((k, j if count > 1 else None))
     first_comm = len(new_kernels)
     comm_chunks: dict[int, list[int]] = {}
     extra = first_comm + comm_count
@@ -142,6 +171,7 @@ def _split(graph: TaskGraph, comms: list[int], kernels: set[int], chunks: int) -
         communication_kinds=extended(graph.communication_kinds, "all-reduce"),
         communication_groups=extended(graph.communication_groups, ((), 0)),
         kernel_shares=new_shares,
+        kernel_copy_bytes=new_copied,
     )
     return _chunk_major(split_graph, origin, kernels)
 
@@ -194,6 +224,7 @@ def _chunk_major(
         dependencies=dependencies,
         kernel_runs=[graph.kernel_runs[k] for k in order],
         kernel_shares=[graph.kernel_shares[k] for k in order],
+        kernel_copy_bytes=[graph.kernel_copy_bytes[k] for k in order],
     )
 
 

@@ -182,9 +182,7 @@ def _gradients_as_one_s(
 def _simulate(
     graph, profile, cost_model, comm_cost, ideal_compute_s, step_buffers=0
 ) -> SimulationResult:
-    kernel_s = chunk_kernel_s(
-        cost_model.kernels_s(graph), graph.kernel_shares, profile.kernel_launch_s
-    )
+    kernel_s = chunk_kernel_s(cost_model.kernels_s(graph), graph, profile)
     if profile.kernel_time_scale != 1.0:  # workers sharing cores (a calibrated CPU profile)
         kernel_s = np.asarray(kernel_s, dtype=np.float64) * profile.kernel_time_scale
     # round() and np.rint both round half to even: the same integers as to_ps.

@@ -180,6 +180,10 @@ class TaskGraph:
     # chunk of a kernel split with a chunked collective (`chunks`); missing
     # entries are 1.
     kernel_shares: list[float] = field(default_factory=list)
+    # Per kernel: the bytes copied around its chunks (`chunks`: the slices
+    # before them, the concatenations after), read and written once; missing
+    # entries are 0.
+    kernel_copy_bytes: list[float] = field(default_factory=list)
 
     def communication_kind(self, communication: int) -> str:
         kinds = self.communication_kinds

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.hlo.chunking import chunkable_collectives
+from disco_xla.hlo.chunking import chunkable_collectives, chunked_computation
 from disco_xla.plan import Plan, prefetchable_all_gathers, verify_plan
 from disco_xla.runtime.apply import apply_plan, verify_rewrite
 from disco_xla.search.all_gather_buckets import combined_all_gathers
@@ -48,6 +48,11 @@ def test_the_mlp_runs_as_a_pipeline_of_chunks_and_computes_the_same(fsdp_step):
         assert [u.opcode for u in reduced.users] == ["dynamic-slice"]
     channels = [i.proto.channel_id for i in rewritten.instructions() if i.proto.channel_id]
     assert len(channels) == len(set(channels))
+    # One concatenation, of the reduced chunks: nothing between reads a whole
+    # value, which the analysis (that the simulator prices copies by) agrees on.
+    joined = [i for i in rewritten.instructions() if i.name.endswith(".joined")]
+    assert [i.name for i in joined] == [f"{reduce.collective.users[0].name}.joined"]
+    assert chunked_computation(fsdp_step, plan.chunked_collectives).joined(fsdp_step) == []
     result = verify_rewrite(fsdp_step, rewritten, devices=4, rounds=1)
     assert result.bit_equal, result
 
@@ -68,6 +73,8 @@ def test_unlike_counts_slice_the_whole_and_mixed_dimensions_compute_the_same(fsd
     product = rewritten.instruction(f"{down.name}.chunk0")
     assert product.operands[0].opcode == "slice"
     assert product.operands[0].operands[0].opcode == "concatenate"
+    joined = chunked_computation(fsdp_step, plan.chunked_collectives).joined(fsdp_step)
+    assert down.operands[0] in joined
     # Equal within the check's tolerance: the prefetched loop's peeled last trip
     # is fused with what follows it (1e-7 relative, as without chunks).
     result = verify_rewrite(fsdp_step, rewritten, devices=4, rounds=1)

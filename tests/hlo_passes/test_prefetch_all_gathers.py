@@ -15,7 +15,7 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.loops import computed_from_invariants, loop_of_body
 from disco_xla.hlo.trip_counts import trip_count
 from disco_xla.plan import Plan, all_gathers, prefetchable_all_gathers, verify_plan
-from disco_xla.runtime.apply import apply_plan, verify_rewrite
+from disco_xla.runtime.apply import apply_plan, kept_in_place, verify_rewrite
 from disco_xla.search.all_gather_buckets import combined_all_gathers
 from disco_xla.search.prefetch import pipelined_all_gathers
 
@@ -118,3 +118,21 @@ def test_the_census_of_a_plan_that_prefetches_refuses_a_size_it_does_not_make(fs
     compiled = compile_module(apply_plan(fsdp_step, merged, fusion=False), NO_COMBINER)
     with pytest.raises(RewriteError, match="sizes"):
         check_collectives(fsdp_step, plan, compiled)
+
+
+def test_outlined_groups_leave_the_prefetched_loops_countable(fsdp_step):
+    # Every group outlined (no group left to XLA): the groups of a prefetched
+    # gather's operand and of its loop's counter stay in place, or the pass
+    # could not find them (before session 44, `optimize -o` stopped here with
+    # "reads what its loop changes" on a plan whose fusion departed there).
+    names = tuple(prefetchable_all_gathers(fsdp_step))
+    plan = dataclasses.replace(Plan.unfused(fsdp_step), prefetched_all_gathers=names)
+    kept = kept_in_place(fsdp_step, plan)
+    condition = loop_of_body(fsdp_step.instruction(names[0]).computation).condition
+    assert {i.name for i in condition.instructions} <= kept
+    # It compiles to the plan's collectives (`apply_plan` checks); what it
+    # computes differs in the last bits wherever every group is outlined (f32
+    # sums in another order), so the checked entry points decide on it.
+    rewritten = apply_plan(fsdp_step, plan, fusion=True, left_to_xla=None)
+    ahead = {i.name for i in rewritten.instructions() if i.opcode == "all-gather"}
+    assert {f"{name}.next" for name in names} <= ahead

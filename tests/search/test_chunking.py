@@ -65,14 +65,14 @@ def test_no_chunks_where_they_only_add_latency(fsdp_step):
 
 
 BALANCED_YAML = """\
-# The A100 profile slowed (compute 1e5 times, links at 10 MB/s without latency),
+# The A100 profile slowed (peak FLOPs 1e6 times, links at 10 MB/s without latency),
 # so that the tiny step's MLP computes about as long as its collectives take.
 name: balanced-test
 execution: gpu-streams
 device:
   name: slowed A100
-  peak_flops: {f32: 19.5e+7, bf16: 312.0e+7}
-  memory_bandwidth_bytes_per_s: 2039.0e+4
+  peak_flops: {f32: 19.5e+6, bf16: 312.0e+6}
+  memory_bandwidth_bytes_per_s: 2039.0e+9
   kernel_launch_s: 0.0
 topology: {devices_per_node: 8, nodes: 2}
 links:
@@ -93,12 +93,16 @@ def test_optimize_writes_a_checked_module_whose_mlp_runs_in_chunks(fsdp_step_fil
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["chunked_collectives"] >= 2
-    # The found plan's rewrite ran against the original and computed the same;
-    # what was written is whichever candidate measured fastest here, its plan beside it.
+    # The found plan's chunks (with its buckets and prefetches, XLA's fusion:
+    # the `buckets` candidate) ran against the original and computed the same.
+    # Its enforced fusion may sum in another order, and is then refused; what
+    # was written is whichever equal candidate measured fastest here.
     measured = report["measured"]
-    assert measured["candidates"]["plan"]["equal"] is True
+    assert measured["candidates"]["buckets"]["equal"] is True
+    assert "seconds" in measured["candidates"]["plan"]  # rewritten and run, not failed
+    assert measured["equal"] is True
     plan = json.loads((tmp_path / "out.hlo.pb.plan.json").read_text())
-    if measured["written"] == "plan":
+    if measured["written"] in ("plan", "buckets"):
         assert len(plan["chunked_collectives"]) == report["chunked_collectives"]
     assert out.exists()
     unchecked = ["-o", str(tmp_path / "unchecked.hlo.pb"), "--no-check"]

@@ -18,15 +18,14 @@ from tests.hlo.test_chunking import _mlp
 
 
 def balanced_profile(module):
-    """A GPU profile made slow enough (compute 1e5 times, links at 10 MB/s
-    without latency) that the tiny step's MLP computes about as long as its
-    collectives take: the regime where the 8B step's MLP sits."""
+    """A GPU profile made slow enough (its peak FLOPs 1e6 times, links at 10
+    MB/s without latency) that the tiny step's MLP computes about as long as
+    its collectives take: the regime where the 8B step's MLP sits."""
     base = load_profile("a100-2x8-100g", module.worker_count())
     link = Link(1e7, 0.0)
     return dataclasses.replace(
         base,
-        peak_flops={k: v / 1e5 for k, v in base.peak_flops.items()},
-        memory_bandwidth_bytes_per_s=base.memory_bandwidth_bytes_per_s / 1e5,
+        peak_flops={k: v / 1e6 for k, v in base.peak_flops.items()},
         kernel_launch_s=0.0,
         intra_node=link,
         inter_node=link,
@@ -63,6 +62,11 @@ def test_each_chunk_waits_for_its_own_and_the_mlp_runs_chunk_by_chunk(fsdp_step)
         if j < 3:
             later = first + tasks[f"{g}.chunk{j + 1}"]
             assert producer < min(k for k, d in enumerate(graph.dependencies[:first]) if later in d)
+    # The copies around the chunks: a slice of the gathered activation, and
+    # the concatenation of the reduced (and sliced) result, once a trip.
+    moved = sum(graph.kernel_copy_bytes)
+    sliced = reduce.collective.users[0]
+    assert moved == gather.collective.operands[0].shape.bytes + sliced.shape.bytes
     # Whatever read the whole reduction waits for every chunk.
     whole_readers = [deps for deps in graph.dependencies if first + tasks[f"{r}.chunk0"] in deps]
     assert whole_readers and all(
