@@ -194,6 +194,12 @@ class Chunking:
         in chunks along its split dimension (else it slices the whole)."""
         return self.computed.get(dot.operands[0].name) == (split.operand_dimension, chunks)
 
+    def producer_split(self, dot: Instruction) -> tuple[ChunkSplit, int] | None:
+        """(split, chunks) of the producer split whose dot `dot` is, if any."""
+        return next(
+            ((s, n) for s, n in self.splits if s.split == "producer" and s.dots[0] is dot), None
+        )
+
     def reads_whole(self, user: Instruction, value: Instruction) -> bool:
         """Whether `user` reads `value` (computed in chunks) whole, so that the
         rewrite concatenates its chunks: an elementwise operation computed in
@@ -210,9 +216,7 @@ class Chunking:
             return True
         if user.opcode != "dot":
             return False
-        producer = next(
-            ((s, n) for s, n in self.splits if s.split == "producer" and s.dots[0] is user), None
-        )
+        producer = self.producer_split(user)
         if producer is not None and user.operands[0] is value:
             return not self.reads_chunks(user, *producer)
         return True

@@ -38,6 +38,7 @@ from disco_xla.hlo.chunking import (
 )
 from disco_xla.hlo.graph import Computation, HloModule, Instruction
 from disco_xla.hlo.hlo_schema import ShapeProto
+from disco_xla.hlo_passes.concatenated_collectives import slice_of
 
 
 class ChunkCollectives:
@@ -135,10 +136,8 @@ class _Rewrite:
         producing dot from its left operand's chunks (or slices), an
         elementwise operation from its operands' chunks and narrowed scalars."""
         width = instr.shape.dims[dimension] // chunks
-        producer = next(
-            (s for s, n in self.chunking.splits if s.split == "producer" and s.dots[0] is instr),
-            None,
-        )
+        found = self.chunking.producer_split(instr)
+        producer = found[0] if found is not None else None
         pieces = []
         for j in range(chunks):
             operands = [
@@ -231,17 +230,11 @@ def _narrowed(proto, dimension: int, width: int) -> ShapeProto:
 
 def _slice(computation: Computation, operand, dimension: int, j: int, width: int):
     """Chunk j of instruction proto `operand` along `dimension`."""
-    piece = edit.add_instruction(
-        computation,
-        f"{operand.name}.rows{j}",
-        "slice",
-        _narrowed(operand, dimension, width),
-        [operand.id],
-    )
-    for d, size in enumerate(operand.shape.dimensions):
-        start, limit = (j * width, (j + 1) * width) if d == dimension else (0, size)
-        piece.slice_dimensions.add(start=start, limit=limit, stride=1)
-    return piece
+    ranges = [
+        (j * width, (j + 1) * width) if d == dimension else (0, size)
+        for d, size in enumerate(operand.shape.dimensions)
+    ]
+    return slice_of(computation, operand, operand, _narrowed(operand, dimension, width), ranges)
 
 
 def _clone(instr: Instruction, name: str, operands, dimension: int, width: int):

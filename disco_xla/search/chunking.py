@@ -45,8 +45,8 @@ def best_chunks(
     along it) or none; then, `rounds` times, each candidate in program order
     takes the count (or none) that is fastest with the others kept. A plan
     changes only where that is faster, so ties keep fewer chunks."""
-    candidates = [split.collective.name for split in chunk_candidates(module, plan)]
     splits = {split.collective.name: split for split in chunk_candidates(module, plan)}
+    candidates = list(splits)
     if not candidates:
         return plan, price(plan)
     kept = plan.chunked_collectives
