@@ -51,6 +51,8 @@ setup(
     # Cluster profiles, found by name at run time (see disco_xla/simulator/profiles.py).
     data_files=[
         ("share/disco-xla/configs/clusters", glob.glob("configs/clusters/*.yaml")),
+        # XLA's measured GPU tables, as the simulator reads them (simulator/gpu_tables.py).
+        ("share/disco-xla/configs/gpu_tables", glob.glob("configs/gpu_tables/*.json")),
         # Shipped GNN cost-model weights (see disco_xla/costmodel/weights.py).
         ("share/disco-xla/configs/costmodels/cpu", glob.glob("configs/costmodels/cpu/*")),
         ("share/disco-xla/configs/costmodels/h200", glob.glob("configs/costmodels/h200/*")),

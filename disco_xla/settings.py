@@ -17,7 +17,7 @@ class OptimizeSettings:
     max_evaluations: int = 300  # plan evaluations; with the seed, what makes plans reproducible
     alpha: float = 1.05  # the search's relaxation: explore plans up to alpha x the best
     seed: int = 0
-    cost_model: str = "roofline"
+    cost_model: str = "auto"  # measured GPU tables where the profile has them, else roofline
     cache_dir: str | None = None  # None: ~/.cache/disco_xla
     use_cache: bool = True
     check_speed: bool = True  # time the candidates on first call; keep the fastest

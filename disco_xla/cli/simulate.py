@@ -13,13 +13,14 @@ from disco_xla.runtime.xla_runner import compile_module
 from disco_xla.search.baselines import BASELINES, baseline, captured_baselines
 from disco_xla.search.fusion_source import compiled_or_why, dumped_fusion, modelled_fusion
 from disco_xla.settings import DEFAULTS
+from disco_xla.simulator.cost_models import COST_MODELS as COST_MODEL_NAMES
 from disco_xla.simulator.cost_models import TableCostModel, make_cost_model
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.simulator.profiles import load_profile
 from disco_xla.simulator.trace import chrome_trace, plot_gantt
 
-COST_MODELS = ["roofline", "table", "gnn"]
+COST_MODELS = list(COST_MODEL_NAMES)
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:

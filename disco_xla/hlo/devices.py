@@ -78,15 +78,27 @@ def already_partitioned(module: HloModule) -> bool:
 def needs_partitioning(module: HloModule) -> bool:
     """Whether XLA's SPMD partitioner will split this module over several
     devices by its shardings alone (a `jax.jit` step with sharded arguments
-    before XLA compiles it): several partitions, no collective written yet,
-    and no manual region (`shard_map` and `pmap` keep theirs in
-    `xla.sdy.manual_computation_body` computations, whose collectives the
-    user wrote). Its gradient all-reduces appear only after partitioning."""
+    before XLA compiles it): several partitions and no collective written yet.
+    A manual region (`shard_map` and `pmap` keep theirs in
+    `xla.sdy.manual_computation_body` computations) whose user wrote
+    collectives is the user's partitioning; one without any (a library call
+    run on each device's shard inside a sharded step) is not. Its gradient
+    all-reduces appear only after partitioning."""
     if device_counts(module)["num_partitions"] < 2 or already_partitioned(module):
         return False
-    if any("manual_computation" in computation.name for computation in module.computations):
+    manual = any("manual_computation" in c.name for c in module.computations)
+    if manual and not any(_is_partitioner_marker_call(i) for i in module.instructions()):
         return False
     return not any(instr.opcode in COLLECTIVE_OPCODES for instr in module.instructions())
+
+
+def _is_partitioner_marker_call(instr) -> bool:
+    """A sharding annotation outside manual regions: what a `jax.jit` step
+    with sharded arguments carries (`FuncResultSharding` and the like)."""
+    return instr.opcode == "custom-call" and instr.proto.custom_call_target in (
+        "xla.sdy.FuncResultSharding",
+        "Sharding",
+    )
 
 
 def _is_partitioner_marker(target: str) -> bool:

@@ -30,6 +30,11 @@ one-node profile carries measured times for a collective
 is read off them as the all-reduce's is off its own points (below), and the
 ratio is not used.
 
+A GPU profile with an `nccl` section is priced as NCCL runs (`nccl`): XLA's
+measured table inside a node, NCCL's tuning model with published achieved
+bandwidths across nodes; the formulas below are then not used. Times measured
+on the machine itself (`disco-xla calibrate`'s points, below) come first.
+
 A one-node profile calibrated on this machine carries the measured times
 themselves (`ClusterProfile.all_reduce_points`); there the time is read off them
 instead of the formula, because neither runtime here follows the two-parameter
@@ -47,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 
+from disco_xla.simulator.nccl import gpu_collective_s
 from disco_xla.simulator.profiles import ClusterProfile, Link
 
 # A communication model: (bytes all-reduced, cluster profile) -> seconds.
@@ -92,6 +98,8 @@ def all_reduce_s(size_bytes: float, profile: ClusterProfile) -> float:
         return 0.0
     if profile.all_reduce_points and profile.nodes == 1:
         return measured_s(size_bytes, profile.all_reduce_points)
+    if profile.nccl is not None:
+        return gpu_collective_s("all-reduce", size_bytes, profile)
     per_node, nodes = profile.devices_per_node, profile.nodes
     if nodes == 1:
         return ring_all_reduce_s(size_bytes, per_node, profile.intra_node)
@@ -154,7 +162,10 @@ def group_profile(
         # The node's other groups run their collectives at the same time through
         # the same adapter: each device still gets 1/devices_per_node of it.
         link = Link(link.bandwidth_bytes_per_s * inside / per_node, link.latency_s, True)
-    return replace(profile, nodes=len(on_node), devices_per_node=inside, inter_node=link)
+    nccl = profile.nccl
+    if nccl is not None:  # the group's ranks on a node use their share of its adapters
+        nccl = replace(nccl, nics_per_node=nccl.nics_per_node * inside / per_node)
+    return replace(profile, nodes=len(on_node), devices_per_node=inside, inter_node=link, nccl=nccl)
 
 
 def collective_s(
@@ -176,4 +187,6 @@ def collective_s(
     points = profile.collective_points.get(kind) if profile.nodes == 1 else None
     if points and all_reduce is all_reduce_s:
         return measured_s(size_bytes, points)
+    if profile.nccl is not None and all_reduce is all_reduce_s and not profile.all_reduce_points:
+        return gpu_collective_s(kind, size_bytes, profile)
     return all_reduce(size_bytes, profile) * _SHARE_OF_ALL_REDUCE[kind](profile.workers)

@@ -2,6 +2,9 @@
 
 - `RooflineCostModel`: max(flops / (peak · e_compute), bytes / (bandwidth · e_memory))
   + launch overhead, with per-op-class efficiency factors from the profile;
+- `MeasuredKernelModel` ('tables', `gpu_kernels`): XLA's measured GPU tables
+  and published rates, for a profile with a `measured` section (the default,
+  'auto', on such a profile);
 - `TableCostModel`: measured times keyed by the kernel's structural hash, falling
   back to the roofline for kernels it has not seen (and counting them);
 - `GnnCostModel` (`disco_xla/costmodel/`): a graph network over the kernel's
@@ -22,6 +25,7 @@ import numpy as np
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.plan import needs_boundary
+from disco_xla.simulator.gpu_kernels import MeasuredKernelModel
 from disco_xla.simulator.kernels import Kernel, TaskGraph
 from disco_xla.simulator.profiles import ClusterProfile
 
@@ -162,26 +166,95 @@ class BoundaryChargedCostModel:
         return [s + self._charge_s(k) for s, k in zip(seconds, graph.kernels, strict=True)]
 
 
+class CrossingChargedCostModel:
+    """Another cost model's kernel times, plus, for each kernel that departs
+    from XLA's fusion, the HBM write and read of each tensor that crosses its
+    new boundary: a value XLA keeps inside one of its fused kernels that this
+    kernel reads from, or writes for, another kernel (a GPU profile's price of
+    a boundary; the extra kernel's launch is already in its time)."""
+
+    def __init__(self, inner: CostModel, left_to_xla, bandwidth_bytes_per_s: float):
+        self.inner = inner
+        self.name = inner.name
+        self.xla_group = {name: n for n, group in enumerate(left_to_xla) for name in group}
+        self.bandwidth = bandwidth_bytes_per_s
+        self._charges: dict[int, tuple[Kernel, float]] = {}
+
+    def crossing_bytes(self, kernel: Kernel) -> int:
+        """Bytes of the values XLA keeps inside one fused kernel that cross
+        this kernel's edge (read in, or written out), each counted once."""
+        group_of = self.xla_group
+        inside = {id(i) for i in kernel.instructions}
+        crossing: dict[int, int] = {}
+        for instr in kernel.instructions:
+            mine = group_of.get(instr.name)
+            if mine is None:
+                continue
+            for operand in instr.operands:
+                if id(operand) not in inside and group_of.get(operand.name) == mine:
+                    crossing[id(operand)] = operand.shape.bytes
+            for user in instr.users:
+                if id(user) not in inside and group_of.get(user.name) == mine:
+                    crossing[id(instr)] = instr.shape.bytes
+        return sum(crossing.values())
+
+    def _charge_s(self, kernel: Kernel) -> float:
+        found = self._charges.get(id(kernel))
+        if found is None or found[0] is not kernel:
+            found = (kernel, self.crossing_bytes(kernel) / self.bandwidth)
+            self._charges[id(kernel)] = found
+        return found[1]
+
+    def kernel_s(self, kernel: Kernel) -> float:
+        return self.inner.kernel_s(kernel) + self._charge_s(kernel)
+
+    def kernels_s(self, graph: TaskGraph) -> list[float]:
+        seconds = self.inner.kernels_s(graph)
+        return [s + self._charge_s(k) for s, k in zip(seconds, graph.kernels, strict=True)]
+
+
 def boundary_charged(cost_model: CostModel, profile: ClusterProfile, left_to_xla) -> CostModel:
-    """`cost_model`, charging the profile's `fusion_boundary_s` to each kernel
-    that departs from XLA's groups `left_to_xla` (unchanged where it is 0)."""
+    """`cost_model`, charging each kernel that departs from XLA's groups
+    `left_to_xla`: on a GPU profile with measured figures, the HBM traffic of
+    the values its new boundary cuts (`CrossingChargedCostModel`); elsewhere the
+    profile's measured `fusion_boundary_s` (unchanged where it is 0)."""
+    if profile.measured is not None:
+        bandwidth = profile.measured.memory_bandwidth_bytes_per_s
+        cost_model = CrossingChargedCostModel(cost_model, left_to_xla, bandwidth)
     if profile.fusion_boundary_s <= 0:
         return cost_model
     return BoundaryChargedCostModel(cost_model, left_to_xla, profile.fusion_boundary_s)
 
 
-COST_MODELS = ("roofline", "table", "gnn")
+COST_MODELS = ("auto", "roofline", "tables", "table", "gnn")
+
+
+def cost_model_name(name: str, profile: ClusterProfile) -> str:
+    """'auto': 'tables' on a profile with measured GPU figures, else 'roofline'."""
+    if name != "auto":
+        return name
+    return "tables" if profile.measured is not None else "roofline"
 
 
 def make_cost_model(
     name: str, profile: ClusterProfile, table: str | None = None, gnn_model: str | None = None
 ) -> CostModel:
-    """The cost model called `name`: 'roofline', 'table' with a table file, or
-    'gnn' with a model directory (default: the shipped weights for the profile's
-    device, `costmodel.weights.weights_device`)."""
+    """The cost model called `name`: 'roofline', 'tables' (XLA's measured GPU
+    tables, `gpu_kernels`; the profile needs a `measured` section), 'table'
+    with a table file, 'gnn' with a model directory (default: the shipped
+    weights for the profile's device, `costmodel.weights.weights_device`), or
+    'auto' (`cost_model_name`)."""
+    name = cost_model_name(name, profile)
     roofline = RooflineCostModel(profile)
     if name == "roofline":
         return roofline
+    if name == "tables":
+        if profile.measured is None:
+            raise DiscoInputError(
+                profile.source or profile.name,
+                "the tables cost model needs a profile with measured GPU figures ('measured')",
+            )
+        return MeasuredKernelModel(profile)
     if name == "gnn":
         from disco_xla.costmodel.network import GnnCostModel
         from disco_xla.costmodel.weights import (
@@ -204,4 +277,6 @@ def make_cost_model(
                 "cost model", "the table cost model needs a table of kernel times"
             )
         return TableCostModel.load(table, fallback=roofline)
-    raise DiscoInputError("cost model", f"unknown cost model {name!r}; use roofline, table or gnn")
+    raise DiscoInputError(
+        "cost model", f"unknown cost model {name!r}; use {', '.join(COST_MODELS)}"
+    )

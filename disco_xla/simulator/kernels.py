@@ -70,7 +70,7 @@ class Kernel:
     flops: int
     bytes_in: int  # distinct operands read from outside the kernel
     bytes_out: int  # results used outside the kernel
-    element_type: str  # of the largest result
+    element_type: str  # what its FLOPs are priced at (`priced_element_type`)
     op_class: str  # 'convolution', 'dot', 'reduce' or 'elementwise': what bounds it
 
     @property
@@ -249,6 +249,25 @@ def _shape_bytes(instr: Instruction) -> int:
     return instr.shape.bytes
 
 
+def _read_bytes(instr: Instruction, number: int, size) -> int:
+    """What `instr` reads of its operand `number`: all of it, except the
+    buffer a dynamic-update-slice updates in place (nothing of it) and the
+    array a dynamic-slice reads a slice of (the slice)."""
+    if number == 0 and instr.opcode == "dynamic-update-slice":
+        return 0
+    if number == 0 and instr.opcode == "dynamic-slice":
+        return size(instr)
+    return size(instr.operands[number])
+
+
+def _written_bytes(instr: Instruction, size) -> int:
+    """What `instr` writes: its result, or, for a dynamic-update-slice (in
+    place), the update alone."""
+    if instr.opcode == "dynamic-update-slice" and len(instr.operands) > 1:
+        return size(instr.operands[1])
+    return size(instr)
+
+
 def kernel_for(
     members: list[Instruction], name: str | None = None, index: ModuleIndex | None = None
 ) -> Kernel:
@@ -264,13 +283,11 @@ def kernel_for(
     read: dict[int, int] = {}
     written = 0
     for instr in members:
-        for operand in instr.operands:
+        for number, operand in enumerate(instr.operands):
             if id(operand) not in inside:
-                read[id(operand)] = size(operand)
+                read[id(operand)] = max(read.get(id(operand), 0), _read_bytes(instr, number, size))
         if not instr.users or any(id(u) not in inside for u in instr.users):
-            written += size(instr)
-    largest = max(members, key=size)
-    leaves = largest.shape.leaves()
+            written += _written_bytes(instr, size)
     opcodes = {i.opcode for i in members}
     if "custom-call" in opcodes:  # `custom_calls`: alone in its kernel
         opcodes = {_LIBRARY_CLASS[library_call_kind(i)] for i in members}
@@ -284,9 +301,31 @@ def kernel_for(
         flops=flops,
         bytes_in=sum(read.values()),
         bytes_out=written,
-        element_type=leaves[0].element_type if leaves else "f32",
+        element_type=priced_element_type(members, size),
         op_class=op_class,
     )
+
+
+def priced_element_type(members: list[Instruction], size=_shape_bytes) -> str:
+    """The element type a kernel's FLOPs are priced at: what it computes. A
+    kernel with dots or convolutions runs at their input type's rate (the
+    largest product's left operand), whatever else it holds; a bf16 dot
+    fused with an f32 epilogue is a bf16 GEMM. Otherwise the type of its
+    largest result."""
+    inner = [
+        i
+        for m in members
+        if m.opcode == "fusion"
+        for c in m.called_computations
+        for i in c.instructions
+    ]
+    products = [i for i in members + inner if i.opcode in ("dot", "convolution") and i.operands]
+    if products:
+        largest = max(products, key=lambda i: i.flops)
+        leaves = largest.operands[0].shape.leaves()
+    else:
+        leaves = max(members, key=size).shape.leaves()
+    return leaves[0].element_type if leaves else "f32"
 
 
 def build_task_graph(

@@ -45,6 +45,14 @@ from pathlib import Path
 import yaml
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.simulator.gpu_profile import (
+    MeasuredDevice,
+    NcclNetwork,
+    measured_device,
+    nccl_network,
+)
+from disco_xla.simulator.profile_checks import number_map as _number_map
+from disco_xla.simulator.profile_checks import positive as _positive
 
 _REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "clusters"
 _INSTALLED_CONFIGS = Path(sys.prefix) / "share" / "disco-xla" / "configs" / "clusters"
@@ -145,6 +153,11 @@ class ClusterProfile:
     # each a whole profile, this one with that count's figures in place.
     by_worker_count: dict[int, ClusterProfile] = field(default_factory=dict)
     source: str = ""
+    # A GPU's measured figures (`MeasuredDevice`); None: roofline only.
+    measured: MeasuredDevice | None = None
+    # How collectives between nodes are priced (`nccl.NcclNetwork`); None:
+    # the ring formulas of `comm`.
+    nccl: NcclNetwork | None = None
 
     @property
     def workers(self) -> int:
@@ -180,6 +193,8 @@ _OPTIONAL = {
     "description": str,
     "calibration": dict,
     "other_worker_counts": dict,
+    "measured": dict,
+    "nccl": dict,
 }
 # The keys a section of `other_worker_counts` may replace: what `disco-xla
 # calibrate` measures; the rest (name, execution, all_reduce) is the machine's.
@@ -303,6 +318,8 @@ def profile_from_dict(data, source: str) -> ClusterProfile:
         else {},
         by_worker_count=_worker_count_sections(data, source),
         source=source,
+        measured=measured_device(data["measured"], source) if "measured" in data else None,
+        nccl=nccl_network(data["nccl"], source) if "nccl" in data else None,
     )
 
 
@@ -402,24 +419,6 @@ def _optional_number(
 def _expect(value, kind, key: str, source: str) -> None:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise DiscoInputError(source, f"bad key {key!r}: expected a {kind.__name__}")
-
-
-def _positive(mapping: dict, key: str, where: str, source: str, allow_zero: bool = False) -> float:
-    value = mapping.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DiscoInputError(source, f"bad or missing key '{where}.{key}': expected a number")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise DiscoInputError(source, f"bad key '{where}.{key}': must be positive")
-    return float(value)
-
-
-def _number_map(mapping: dict, key: str, where: str, source: str) -> dict[str, float]:
-    values = mapping.get(key)
-    if not isinstance(values, dict) or not values:
-        raise DiscoInputError(
-            source, f"bad or missing key {where!r}: expected a mapping of numbers"
-        )
-    return {str(k): _positive(values, k, where, source) for k in values}
 
 
 def _link(links: dict, key: str, source: str) -> Link:

@@ -46,6 +46,18 @@ ZOO = (
         "Llama-style LM (Llama-3 8B shapes, sequence 8192): as llama",
         8_000_000_000,
     ),
+    ZooEntry(
+        "llama2_7b",
+        "jax",
+        "Llama-style LM (Llama 2 7B shapes, sequence 4096): as llama",
+        6_740_000_000,
+    ),
+    ZooEntry(
+        "llama2_70b",
+        "jax",
+        "Llama-style LM (Llama 2 70B shapes, sequence 4096): as llama",
+        69_000_000_000,
+    ),
     ZooEntry("resnet50", "tf", "keras.applications.ResNet50", None),
     ZooEntry("vgg16", "tf", "keras.applications.VGG16", None),
     ZooEntry("inception_v3", "tf", "keras.applications.InceptionV3", None),
@@ -54,7 +66,7 @@ ZOO = (
 
 
 # The Llama-style models: `jax.jit` over a data x FSDP mesh only.
-LLAMA_MODELS = ("llama", "llama3_8b")
+LLAMA_MODELS = ("llama", "llama3_8b", "llama2_7b", "llama2_70b")
 
 
 def zoo_entry(name: str, framework: str) -> ZooEntry:

@@ -117,7 +117,7 @@ def test_measured_collective_points_replace_the_ratio_on_one_node():
 
     measured = ((4096.0, 3e-4), (65536.0, 1e-4), (1048576.0, 2e-3))
     one_node = dataclasses.replace(
-        load_profile("h200-1x8-nvlink"), collective_points={"all-gather": measured}
+        load_profile("h200-1x8-nvlink"), collective_points={"all-gather": measured}, nccl=None
     )
     # Read off the points (the 4 KB stall lowered to the larger size's time) ...
     assert collective_s("all-gather", 4096, one_node) == pytest.approx(1e-4)
