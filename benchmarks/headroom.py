@@ -5,6 +5,7 @@ at small per-device batches, at 64, 256 and 1024 GPUs (issue 46).
 
     .venv/bin/python benchmarks/headroom.py [--json] [--workloads NAME ...]
         [--scales 64 256 1024] [--budget-s S] [--max-evals N] [--no-ablations]
+        [--cost-model auto|roofline]
 
 Workloads (`WORKLOADS`):
 - `llama1b` and `llama3_8b`: the Llama FSDP step (`zoo.llama`) at TinyLlama 1.1B's
@@ -35,7 +36,10 @@ geo-means against the targets:
 - found / xla-tuned >= 1.03x;
 - never slower than any baseline in any row;
 - an 8B planning pipeline within 120 s.
-Everything is simulated with the roofline cost model: this machine has no GPU.
+Everything is simulated, with each profile's default cost model (`--cost-model
+auto`: XLA's measured GPU tables and NCCL's model on the H100 and H200
+profiles; `--cost-model roofline` for the datasheet roofline the earlier
+figures used): this machine has no GPU.
 """
 
 from __future__ import annotations
@@ -172,13 +176,13 @@ def row(workload: str, devices: int, cluster: str, args) -> dict:
     from disco_xla.search.pipeline import Pricing, plan_module
     from disco_xla.search.xla_flags import closest_xla_flags
     from disco_xla.settings import OptimizeSettings
-    from disco_xla.simulator.cost_models import RooflineCostModel
+    from disco_xla.simulator.cost_models import make_cost_model
     from disco_xla.simulator.profiles import load_profile
 
     capture_devices = devices if workload in LLAMA_WORKLOADS else TRANSFORMER_DEVICES
     module, compiled, prepare_s = prepared(workload, capture_devices)
     profile = load_profile(cluster)
-    cost_model = RooflineCostModel(profile)
+    cost_model = make_cost_model(args.cost_model, profile)
     settings = OptimizeSettings(
         cluster=cluster, budget_s=args.budget_s, max_evaluations=args.max_evals, seed=args.seed
     )
@@ -282,6 +286,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=20.0, help="per search")
     parser.add_argument("--max-evals", type=int, default=2000, help="per search")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cost-model", default="auto", choices=("auto", "roofline"))
     parser.add_argument(
         "--no-ablations",
         dest="ablations",
