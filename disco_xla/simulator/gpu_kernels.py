@@ -1,6 +1,6 @@
 """Kernel times on a GPU from measurements (`MeasuredKernelModel`, cost model 'tables').
 
-A fused kernel is priced by what it computes (`kernel_work`):
+A fused kernel is priced by what it computes (`MeasuredKernelModel.compute_s`):
 - each dot (and each cuBLAS GEMM call) at XLA's measured GEMM rate for its
   b, m, n, k and its *input* element type (`gpu_tables.GemmTable`), scaled by
   the profile's `compute_scale`;

@@ -18,7 +18,8 @@ converted to `configs/gpu_tables/xla_perf_tables.json` by
   result's shape, so its whole buffer is that times the group's size (with
   this reading the four kinds agree: reduce-scatter and all-gather each take
   about half an all-reduce's time). `CollectiveTable.seconds` reads a size's
-  time off those points as `comm.measured_s` does (times made non-decreasing
+  time off those points (`measured_points.measured_s`, as calibrated
+  points are read) (times made non-decreasing
   in size, linear between sizes, the last bandwidth beyond the largest).
 - Elementwise ops (`hlo_op_profiles_data.h`): clock cycles per element by
   opcode and element type.
@@ -32,6 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.simulator.measured_points import measured_s
 from disco_xla.simulator.profiles import profile_directories
 
 TABLES_FILE = "xla_perf_tables.json"
@@ -150,8 +152,6 @@ class CollectiveTable:
     def seconds(self, kind: str, size_bytes: float, devices: int) -> float:
         """The time of collective `kind` on a whole buffer of `size_bytes` over
         a group of `devices` devices of the node (`covers` must hold)."""
-        from disco_xla.simulator.comm import measured_s
-
         return measured_s(size_bytes, self.points[(kind, devices)])
 
 
