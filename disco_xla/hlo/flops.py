@@ -8,6 +8,7 @@ opcodes the model does not know count zero.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from disco_xla.hlo.custom_calls import library_call_flops
@@ -87,3 +88,17 @@ def total_flops(module: HloModule) -> int:
         if computation.role in ("entry", "program")
         for instr in computation.instructions
     )
+
+
+def computed_instructions(members: list[Instruction]) -> Iterator[Instruction]:
+    """The instructions a kernel computes: its members, with the bodies of
+    fusion instructions in place of them (a compiled module's kernels are
+    fusions)."""
+    stack = list(members)
+    while stack:
+        instr = stack.pop()
+        if instr.opcode == "fusion":
+            for computation in instr.called_computations:
+                stack.extend(computation.instructions)
+        else:
+            yield instr

@@ -254,7 +254,13 @@ def make_cost_model(
                 profile.source or profile.name,
                 "the tables cost model needs a profile with measured GPU figures ('measured')",
             )
-        return MeasuredKernelModel(profile)
+        try:
+            return MeasuredKernelModel(profile)
+        except DiscoInputError as error:  # an architecture XLA's tables lack
+            raise DiscoInputError(
+                profile.source or profile.name,
+                f"bad key 'measured.tables': {profile.measured.tables!r} ({error.problem})",
+            ) from None
     if name == "gnn":
         from disco_xla.costmodel.network import GnnCostModel
         from disco_xla.costmodel.weights import (

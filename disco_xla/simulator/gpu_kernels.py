@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from disco_xla.hlo.custom_calls import library_call_flops, library_call_kind
-from disco_xla.hlo.flops import ELEMENTWISE_OPCODES
+from disco_xla.hlo.flops import ELEMENTWISE_OPCODES, computed_instructions
 from disco_xla.hlo.graph import Instruction
 from disco_xla.simulator.gpu_tables import GemmTable, OpCycles, load_tables
 from disco_xla.simulator.kernels import Kernel, TaskGraph
@@ -51,19 +51,6 @@ def gemm_dimensions(instr: Instruction) -> tuple[int, int, int, int]:
     rhs_fixed = set(numbers.rhs_batch_dimensions) | set(numbers.rhs_contracting_dimensions)
     n = size(rhs, [d for d in range(len(rhs)) if d not in rhs_fixed])
     return batch, m, n, k
-
-
-def _members(kernel: Kernel):
-    """The kernel's instructions, with the bodies of fusion instructions in
-    place of them (a compiled module's kernels are fusions)."""
-    stack = list(kernel.instructions)
-    while stack:
-        instr = stack.pop()
-        if instr.opcode == "fusion":
-            for computation in instr.called_computations:
-                stack.extend(computation.instructions)
-        else:
-            yield instr
 
 
 def _input_type(instr: Instruction) -> str:
@@ -94,7 +81,7 @@ class MeasuredKernelModel:
         device = self.device
         seconds = 0.0
         cycles = 0.0
-        for instr in _members(kernel):
+        for instr in computed_instructions(kernel.instructions):
             opcode = instr.opcode
             if opcode == "dot":
                 seconds += self.gemms.seconds(*gemm_dimensions(instr), _input_type(instr))

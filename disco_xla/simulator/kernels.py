@@ -34,6 +34,7 @@ from functools import cached_property
 import numpy as np
 
 from disco_xla.hlo.custom_calls import library_call_kind
+from disco_xla.hlo.flops import computed_instructions
 from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.hlo.loops import loop_of_body
 from disco_xla.plan import Plan
@@ -312,14 +313,11 @@ def priced_element_type(members: list[Instruction], size=_shape_bytes) -> str:
     largest product's left operand), whatever else it holds; a bf16 dot
     fused with an f32 epilogue is a bf16 GEMM. Otherwise the type of its
     largest result."""
-    inner = [
+    products = [
         i
-        for m in members
-        if m.opcode == "fusion"
-        for c in m.called_computations
-        for i in c.instructions
+        for i in computed_instructions(members)
+        if i.opcode in ("dot", "convolution") and i.operands
     ]
-    products = [i for i in members + inner if i.opcode in ("dot", "convolution") and i.operands]
     if products:
         largest = max(products, key=lambda i: i.flops)
         leaves = largest.operands[0].shape.leaves()

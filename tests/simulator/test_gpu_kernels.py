@@ -137,3 +137,27 @@ def test_every_figure_of_the_shipped_gpu_profiles_has_a_source():
             assert figures - {"compute_scale", "collective_scale", "extra_network_hop_s"} <= set(
                 section.sources
             ), name
+
+
+def test_an_architecture_xlas_tables_lack_is_refused_naming_the_profile(tmp_path):
+    data = yaml.safe_load(open(H100.source))
+    data["measured"]["tables"] = "sm_99"
+    path = tmp_path / "unknown_arch.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(DiscoInputError, match="unknown_arch.yaml: bad key 'measured.tables'"):
+        make_cost_model("auto", load_profile(str(path)))
+
+
+def test_b200_gemms_come_from_its_table_and_its_collectives_from_nccls_model(tmp_path):
+    from disco_xla.simulator.comm import all_reduce_s
+    from disco_xla.simulator.nccl import nccl_s
+
+    data = yaml.safe_load(open(H100.source))
+    data["measured"]["tables"] = "sm_100"  # XLA's B200 GEMMs; no B200 collective rows here
+    data["measured"]["cycle_tables"] = "sm_90"  # nor B200 op cycles: Hopper's
+    path = tmp_path / "b200.yaml"
+    path.write_text(yaml.safe_dump(data))
+    b200 = load_profile(str(path))
+    assert make_cost_model("auto", b200).gemms.arch == "sm_100"
+    one_node = b200.__class__(**{**b200.__dict__, "nodes": 1})
+    assert all_reduce_s(2**30, one_node) == nccl_s("all-reduce", 2**30, 8, 1, b200.nccl)
