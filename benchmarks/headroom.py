@@ -17,8 +17,10 @@ Workloads (`WORKLOADS`):
   or 2 sequences a device, captured on 8 devices; every gradient all-reduce spans
   all the devices, so one device's program priced at N workers is the step at N.
 
-Each (workload, scale) is captured and compiled by XLA:CPU once, in a process of
-its own with that many host devices, and cached under build/headroom/.
+Each (workload, scale) is captured, prepared as plans are made for it (the
+partitioner's all-reduce + dynamic-slice pairs made reduce-scatters, as
+`planning.prepared` and the CLI do) and compiled by XLA:CPU once, in a process
+of its own with that many host devices, and cached under build/headroom/.
 Profiles by scale (`PROFILES`): the shipped H100/H200 InfiniBand profiles scaled
 to 8, 32 and 128 nodes, and 100 Gbit/s Ethernet at 32.
 
@@ -76,7 +78,7 @@ TARGET_OVER_OVERLAP, TARGET_OVER_TUNED, READY_SLACK, SEARCH_8B_S = 1.10, 1.03, 1
 
 
 def _paths(workload: str, devices: int) -> tuple[str, str]:
-    stem = os.path.join(CACHE_DIR, f"{workload}.d{devices}")
+    stem = os.path.join(CACHE_DIR, f"{workload}.d{devices}.scatters")
     return stem + ".hlo.pb", stem + ".compiled.hlo.pb"
 
 
@@ -87,6 +89,7 @@ def prepare(workload: str, devices: int) -> None:
 
     jax.config.update("jax_num_cpu_devices", devices)
     from disco_xla.hlo.hlo_io import load_module, save_module
+    from disco_xla.hlo_passes.create_reduce_scatters import CreateReduceScatters
     from disco_xla.runtime.apply import NO_COMBINER
     from disco_xla.runtime.xla_runner import compile_module
     from disco_xla.zoo import capture_model
@@ -107,6 +110,9 @@ def prepare(workload: str, devices: int) -> None:
     else:
         model, per_device = TRANSFORMER_WORKLOADS[workload]
         captured = capture_model(model, "jax", devices, "full", per_device * devices).module
+    # As plans are made for it (`planning.prepared`): the partitioner's
+    # all-reduce + dynamic-slice pairs made reduce-scatters, as XLA:GPU makes them.
+    CreateReduceScatters().run(captured)
     save_module(captured, captured_path)
     captured = load_module(captured_path)
     save_module(compile_module(captured, NO_COMBINER), compiled_path)

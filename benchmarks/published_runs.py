@@ -18,8 +18,16 @@ in `benchmarks/data/published_runs.json`. Each is reproduced from its shape:
 - the run's cluster profile at its node count, priced with the profile's default
   cost model (XLA's measured GPU tables, `simulator.gpu_kernels`) and NCCL's
   model (`simulator.nccl`);
-- the baseline matching the run's flags (`maxtext`: MaxText's A3 thresholds,
-  else `xla-tuned`).
+- the run's program: MaxText's A3 scripts run `scan_layers: False`, so their
+  program has no layer loop and their pipelining flags have nothing to act on
+  (`layer_loop: false` in the runs file): their baseline's loop collectives
+  are priced unpipelined (`without_loop_pipelining`); `--pipelined-anyway`
+  prices them pipelined, as the flags would pipeline the zoo's loop;
+- the baseline matching the run's flags (`maxtext`: every flag of MaxText's A3
+  scripts, else `xla-tuned`: the expert's O1 and tuned thresholds), simulated
+  as XLA:GPU compiles it (`simulator.xla_gpu_run`: the partitioner's
+  all-reduce + dynamic-slice pairs sent as reduce-scatters; loop collectives
+  pipelined where the flags turn that on).
 
 Ablations: `--cost-model roofline` prices kernels by the profile's datasheet
 roofline instead of the tables; `--as-zoo` captures the zoo's own step (scores in
@@ -112,13 +120,24 @@ def captured(run: dict, as_zoo: bool = False):
     return load_module(path), time.perf_counter() - started
 
 
+def without_loop_pipelining(chosen):
+    """`chosen` (a baseline) without XLA's pipelining of loop collectives: for
+    a run whose program has no layer loop (MaxText's `scan_layers: False`), the
+    pipelining flags have nothing to act on, and the zoo's loop stands for its
+    layers, each layer's collectives overlapping that layer's compute alone."""
+    plan = replace(chosen.plan, prefetched_all_gathers=())
+    run = chosen.xla_run
+    if run is not None:
+        run = replace(run, pipelined=frozenset())
+    return replace(chosen, plan=plan, xla_run=run, note=chosen.note + "; no layer loop to pipeline")
+
+
 def predict(run: dict, cost_model_name: str = "auto", as_zoo: bool = False) -> dict:
     """The run's simulated step under its baseline, with what it is made of."""
     from disco_xla.search.baselines import captured_baselines
     from disco_xla.search.fusion_source import modelled_fusion
     from disco_xla.simulator.cost_models import make_cost_model
     from disco_xla.simulator.events import simulate
-    from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
 
     module, capture_s = captured(run, as_zoo)
@@ -126,9 +145,9 @@ def predict(run: dict, cost_model_name: str = "auto", as_zoo: bool = False) -> d
     cost_model = make_cost_model(cost_model_name, profile)
     fusion = modelled_fusion(module, "a fused attention call has no CPU kernel")
     (chosen,) = captured_baselines(module, fusion, profile, cost_model, (run["baseline"],)).values()
-    graph = build_task_graph(
-        module, chosen.plan, chosen.tuple_buckets, chosen.collectives_block_compute
-    )
+    if not run.get("layer_loop", True) and not as_zoo:
+        chosen = without_loop_pipelining(chosen)
+    graph = chosen.task_graph()
     result = simulate(graph, profile, cost_model)
     predicted = result.iteration_s
     return {
@@ -137,6 +156,8 @@ def predict(run: dict, cost_model_name: str = "auto", as_zoo: bool = False) -> d
         "gpus": 8 * run["nodes"],
         "cluster": run["cluster"],
         "baseline": run["baseline"],
+        "loop_pipelining": bool(chosen.plan.prefetched_all_gathers)
+        or bool(chosen.xla_run and chosen.xla_run.pipelined),
         "cost_model": cost_model.name,
         "published_s": run["step_s"],
         "predicted_s": predicted,
@@ -222,11 +243,18 @@ def main() -> int:
     parser.add_argument("--runs", nargs="+", choices=[r["id"] for r in runs])
     parser.add_argument("--cost-model", default="auto", choices=("auto", "roofline"))
     parser.add_argument("--as-zoo", action="store_true", help="the zoo's own step (ablation)")
+    parser.add_argument(
+        "--pipelined-anyway",
+        action="store_true",
+        help="pipeline the loop's collectives even where the run has no layer loop (ablation)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object, no table")
     args = parser.parse_args()
     chosen = [r for r in runs if not args.runs or r["id"] in args.runs]
     rows = []
     for run in chosen:
+        if args.pipelined_anyway:
+            run = {**run, "layer_loop": True}
         rows.append(predict(run, args.cost_model, args.as_zoo))
         if not args.json:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo_passes.create_reduce_scatters import CreateReduceScatters
 from disco_xla.hlo_passes.inline_calls import InlineCalls
+from disco_xla.hlo_passes.pass_interface import run_pipeline
 from disco_xla.plan import Plan
 from disco_xla.plan_cache import (
     CandidateRecord,
@@ -49,9 +51,11 @@ class PlanChoice:
 
 def prepared(module: HloModule) -> HloModule:
     """The module plans are made for: `module` with its `call`s inlined, as XLA
-    inlines them before fusion (a copy; `module` is left as it is)."""
+    inlines them before fusion, and the partitioner's all-reduce +
+    dynamic-slice pairs made reduce-scatters, as XLA:GPU makes them before it
+    combines (`CreateReduceScatters`; a copy: `module` is left as it is)."""
     copy = HloModule.from_bytes(module.to_bytes(), module.source, module.file_format)
-    InlineCalls().run(copy)
+    run_pipeline(copy, [InlineCalls(), CreateReduceScatters()])
     return copy
 
 

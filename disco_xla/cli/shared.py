@@ -12,6 +12,7 @@ import jax
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.hlo_io import load_module
+from disco_xla.hlo_passes.create_reduce_scatters import CreateReduceScatters
 from disco_xla.plan import Plan
 from disco_xla.runtime.xla_runner import devices_needed, partition_module
 from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
@@ -25,17 +26,20 @@ def use_devices(module) -> None:
 def load_for_planning(path: str):
     """The module at `path` as plans are made for it: a module that XLA's SPMD
     partitioner splits (a sharded `jax.jit` step dumped before optimisation)
-    is partitioned first, by XLA, since its all-reduces exist only after that."""
+    is partitioned first, by XLA, since its all-reduces exist only after that;
+    then the partitioner's all-reduce + dynamic-slice pairs become
+    reduce-scatters, as XLA:GPU makes them (`CreateReduceScatters`)."""
     module = load_module(path)
-    if not module.needs_partitioning:
-        return module
-    use_devices(module)
-    try:
-        return partition_module(module)
-    except Exception as error:  # noqa: BLE001 - XLA's own errors, one line
-        raise DiscoInputError(
-            path, f"XLA's SPMD partitioner cannot split it here ({first_line(error)})"
-        ) from None
+    if module.needs_partitioning:
+        use_devices(module)
+        try:
+            module = partition_module(module)
+        except Exception as error:  # noqa: BLE001 - XLA's own errors, one line
+            raise DiscoInputError(
+                path, f"XLA's SPMD partitioner cannot split it here ({first_line(error)})"
+            ) from None
+    CreateReduceScatters().run(module)
+    return module
 
 
 def add_xla_dump(parser: argparse.ArgumentParser) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from disco_xla.hlo.graph import HloModule, Instruction
 from disco_xla.hlo.opcodes import ELEMENTWISE_OPCODES
+from disco_xla.hlo.xla_gpu_patterns import sole_dynamic_slice
 
 # The chunk counts a plan may choose (the search tries each that divides).
 CHUNK_COUNTS = (2, 4, 8)
@@ -167,12 +168,8 @@ def _readers_split(gather: Instruction) -> ChunkSplit | None:
 def whole_dynamic_slice(reduce: Instruction, dimension: int) -> Instruction | None:
     """The all-reduce's one reader when it is a dynamic-slice of it that keeps
     `dimension` whole, else None."""
-    if len(reduce.users) != 1 or reduce is reduce.computation.root:
-        return None
-    (reader,) = reduce.users
-    if reader.opcode != "dynamic-slice" or reader.operands[0] is not reduce:
-        return None
-    if reader.operands.count(reduce) != 1:
+    reader = sole_dynamic_slice(reduce)
+    if reader is None:
         return None
     sizes = list(reader.proto.dynamic_slice_sizes)
     if len(sizes) <= dimension or sizes[dimension] != reduce.shape.dims[dimension]:

@@ -4,8 +4,11 @@ A gradient all-reduce (or reduce-scatter) is a cross-device sum of a tensor
 computed in the backward pass. An instruction is backward code if its
 `metadata.op_name` carries a backward mark (BACKWARD_MARKS) or one of its
 operands is backward code; the result of a reduction is not (it has already
-been reduced). If the module carries no marks at all (hand-written HLO), every
-cross-device sum of a non-scalar is taken to be a gradient.
+been reduced), except a reduce-scatter's: its block is what the partitioner's
+slice of a reduced gradient was, and a further all-reduce of it (data
+parallelism over an FSDP shard) reduces a gradient. If the module carries no
+marks at all (hand-written HLO), every cross-device sum of a non-scalar is
+taken to be a gradient.
 
 An analysis over the IR (`graph`); it changes nothing.
 """
@@ -40,6 +43,11 @@ class BackwardCode:
                 continue
             for instr in computation.topological_order:
                 if instr.opcode in REDUCTION_OPCODES:
+                    # A reduce-scatter's block stands for the partitioner's
+                    # slice of a reduced gradient, which is backward code: a
+                    # data-parallel all-reduce of it reduces a gradient.
+                    if instr.opcode == "reduce-scatter" and self.reads_backward(instr):
+                        self._ids.add(id(instr))
                     continue
                 if any(mark in instr.op_name for mark in BACKWARD_MARKS):
                     self.marked = True

@@ -11,16 +11,21 @@
 - `xla-overlap`: as `xla`, with the latency-hiding scheduler on: on GPU profiles
   the 30 MB groups run beside compute. XLA:CPU has no asynchronous collectives,
   so on CPU profiles it is `xla`.
-- `xla-tuned`: `xla-overlap` with the combine thresholds an expert tunes by hand:
-  NVIDIA's JAX-Toolbox GPU performance guide says to try the all-reduce
-  threshold in powers of two from 16 MB up to the total gradient size, and to
-  size the reduce-scatter threshold likewise. Each kind's threshold is swept
-  over those powers of two (and XLA's default 30 MB), one kind after the other,
-  and the simulator keeps the fastest (`tuned_buckets`). XLA:CPU has no such
-  thresholds: on CPU profiles it is `xla`.
+- `xla-tuned`: `xla-overlap` as an expert runs it (`expert_flags`): what
+  XLA:GPU turns on at optimisation level O1, each pipelining kept where it
+  simulates faster (all-gathers a loop trip ahead, reduce-scatters and
+  all-reduces a trip on: `tuned_pipelining`), and each kind's combine
+  threshold swept: NVIDIA's JAX-Toolbox GPU performance guide says to try
+  the all-reduce threshold in powers of two from 16 MB up to the total
+  gradient size, and to size the reduce-scatter threshold likewise. Each
+  kind's threshold is swept over those powers of two (and XLA's default
+  30 MB), then a quarter of an octave apart around the best, one kind after
+  the other, and the simulator keeps the fastest (`tuned_buckets`). XLA:CPU
+  has no such thresholds: on CPU profiles it is `xla`.
 - `maxtext` (not among BASELINES: only where a configuration exists, see
-  `maxtext_thresholds`): `xla-overlap` with the per-kind thresholds MaxText's
-  published A3 scripts set for that many 8-GPU nodes.
+  `expert_flags.maxtext_thresholds`): `xla-overlap` with every flag of
+  MaxText's published A3 scripts for that many 8-GPU nodes, flag by flag
+  (`expert_flags.MAXTEXT_A3_FLAGS`); its note names those not modelled.
 - `xla-nocombine`: XLA's fusion, one all-reduce per gradient (on GPU profiles
   in line with compute, as `xla`).
 - `horovod`: a 128 MB fusion buffer filled every 1 ms cycle; `horovod-legacy`:
@@ -46,6 +51,12 @@ all-gathers as XLA:GPU's all-gather combiner does, at XLA's default, the swept
 or MaxText's threshold (`xla_gpu_all_gathers`); the other baselines keep one
 all-gather per parameter.
 
+On GPU profiles every program XLA runs itself (`COMBINED_BY_XLA_GPU`) is
+simulated as XLA:GPU compiles it (`simulator.xla_gpu_run`): its
+reduce-scatter creator turns the partitioner's all-reduce + dynamic-slice
+pairs into reduce-scatters before its combiners group them by kind
+(`combiner_kinds`).
+
 XLA's fusion comes from the module XLA compiled. `baseline` gives the plans over
 that compiled module, where each fusion is one kernel. `captured_baselines` gives
 every baseline as a plan over the captured module itself, with XLA's kernels
@@ -62,6 +73,7 @@ from dataclasses import dataclass, replace
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.collectives import collective_bytes
 from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.xla_gpu_patterns import scattering_all_reduces, sinkable_collectives
 from disco_xla.plan import (
     Plan,
     all_gathers,
@@ -74,6 +86,12 @@ from disco_xla.search.all_gather_buckets import (
     XLA_GPU_ALL_GATHER_COMBINE_BYTES,
     fastest_combined,
 )
+from disco_xla.search.expert_flags import (
+    MAXTEXT_A3_LLAMA2_7B,
+    maxtext_thresholds,
+    refined_thresholds,
+    unmodelled_note,
+)
 from disco_xla.search.fusion_source import XlaFusion, compiled_fusion
 from disco_xla.search.prefetch import pipelined_all_gathers
 from disco_xla.simulator.comm import all_reduce_s
@@ -81,6 +99,7 @@ from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import TaskGraph, build_task_graph
 from disco_xla.simulator.profiles import ClusterProfile
+from disco_xla.simulator.xla_gpu_run import PIPELINED_KINDS, XlaGpuRun, as_xla_gpu_runs
 
 MB = 1 << 20
 XLA_GPU_COMBINE_BYTES = 30 * MB  # xla_gpu_all_reduce_combine_threshold_bytes
@@ -97,20 +116,6 @@ BASELINES = (
     "fsdp",
 )
 FSDP_UNIT_BYTES = 4 * 10**8  # 1e8 parameters of 4 bytes
-# The combine thresholds of MaxText's Llama2-7B scripts for A3 VMs (8 H100s each),
-# by VM count: AI-Hypercomputer/maxtext, MaxText/configs/a3/llama_2_7b/<N>vm.sh
-# (read December 2026). Every script also turns on the latency-hiding scheduler
-# and the pipelining of all-gathers, reduce-scatters and all-reduces. Their
-# mesh is 8-way FSDP inside a VM, data parallel across VMs.
-_MAXTEXT_A3_SMALL = {"all-gather": 128 * MB, "reduce-scatter": 64 * MB}
-_MAXTEXT_A3_LARGE = {"all-gather": 128 * MB, "reduce-scatter": 128 * MB}
-MAXTEXT_A3_LLAMA2_7B = {
-    1: {"all-reduce": 128 * MB, **_MAXTEXT_A3_SMALL},
-    2: {"all-reduce": 64 * MB, **_MAXTEXT_A3_SMALL},
-    4: {"all-reduce": 512 * MB, **_MAXTEXT_A3_SMALL},
-    8: {"all-reduce": 1024 * MB, **_MAXTEXT_A3_SMALL},
-    **{vms: {"all-reduce": 1024 * MB, **_MAXTEXT_A3_LARGE} for vms in (16, 32, 64, 128)},
-}
 # The baselines XLA runs itself: on GPU profiles their collectives hold the compute
 # stream (the latency-hiding scheduler is off by default).
 RUN_BY_XLA = ("xla", "xla-nocombine")
@@ -133,15 +138,6 @@ def threshold_buckets(gradients: Gradients, limit_bytes: int, first_bytes: int |
             buckets.append([name])
             filled = size
     return tuple(tuple(b) for b in buckets)
-
-
-def maxtext_thresholds(profile: ClusterProfile) -> dict[str, int] | None:
-    """MaxText's published combine thresholds for the profile's scale
-    (`MAXTEXT_A3_LLAMA2_7B`), or None where it published none: a profile of
-    8 H100s a node, at a VM count it has a script for."""
-    if "H100" not in profile.device_name or profile.devices_per_node != 8:
-        return None
-    return MAXTEXT_A3_LLAMA2_7B.get(profile.nodes)
 
 
 def baseline_names(profile: ClusterProfile) -> tuple[str, ...]:
@@ -196,10 +192,11 @@ def tuned_buckets(
     price: Callable[[tuple[tuple[str, ...], ...]], float],
     more_thresholds: dict[str, list[int]] | None = None,
 ) -> tuple[tuple[tuple[str, ...], ...], dict[str, int]]:
-    """The buckets and per-kind thresholds of the fastest sweep (`threshold_sweep`
-    for each kind in turn, and `more_thresholds` of that kind, the others at
-    their best so far), by `price` (the simulated step time of a bucketing; inf
-    where it cannot run)."""
+    """The buckets and per-kind thresholds of the fastest sweep, by `price`
+    (the simulated step time of a bucketing; inf where it cannot run). Each
+    kind in turn, the others at their best so far, sweeps `threshold_sweep`
+    and `more_thresholds` of that kind, then a quarter of an octave apart
+    around the best of those (`expert_flags.refined_thresholds`)."""
     more_thresholds = more_thresholds or {}
     present = sorted({kinds.get(name, "all-reduce") for name, _ in gradients})
     thresholds = dict.fromkeys(present, XLA_GPU_COMBINE_BYTES)
@@ -207,12 +204,16 @@ def tuned_buckets(
     best_s = price(best)
     for kind in present:
         total = sum(size for name, size in gradients if kinds.get(name, "all-reduce") == kind)
-        for threshold in sorted({*threshold_sweep(total), *more_thresholds.get(kind, ())}):
-            trial = {**thresholds, kind: threshold}
-            buckets = kind_threshold_buckets(gradients, kinds, trial)
-            seconds = price(buckets)
-            if seconds < best_s:
-                best, best_s, thresholds = buckets, seconds, trial
+        sweep = sorted({*threshold_sweep(total), *more_thresholds.get(kind, ())})
+        for finer in (False, True):
+            if finer:
+                sweep = refined_thresholds(thresholds[kind], sweep)
+            for threshold in sweep:
+                trial = {**thresholds, kind: threshold}
+                buckets = kind_threshold_buckets(gradients, kinds, trial)
+                seconds = price(buckets)
+                if seconds < best_s:
+                    best, best_s, thresholds = buckets, seconds, trial
     return best, thresholds
 
 
@@ -306,11 +307,57 @@ class Baseline:
     tuple_buckets: bool = False
     # Each collective holds the compute stream until it ends (XLA:GPU's default).
     collectives_block_compute: bool = False
+    # What XLA:GPU's compiler does to its collectives (`xla_gpu_run`): a
+    # program XLA runs on a GPU profile; None elsewhere.
+    xla_run: XlaGpuRun | None = None
 
     def task_graph(self) -> TaskGraph:
-        return build_task_graph(
+        graph = build_task_graph(
             self.module, self.plan, self.tuple_buckets, self.collectives_block_compute
         )
+        return graph if self.xla_run is None else as_xla_gpu_runs(graph, self.module, self.xla_run)
+
+
+# The baselines whose program XLA:GPU compiles with its own combiners.
+COMBINED_BY_XLA_GPU = ("xla", "xla-overlap", "xla-tuned", "maxtext", "xla-nocombine")
+
+
+def xla_gpu_run(name: str, profile: ClusterProfile) -> XlaGpuRun | None:
+    """How XLA:GPU runs baseline `name`'s collectives on `profile`: its
+    reduce-scatter creator before its combiners, and, for `maxtext`, its
+    pipelining of reduce-scatters and all-reduces (`xla-tuned` chooses its
+    own, `tuned_pipelining`). None where XLA:GPU does not run the baseline."""
+    if profile.execution != "gpu-streams" or name not in COMBINED_BY_XLA_GPU:
+        return None
+    pipelined = frozenset(PIPELINED_KINDS) if name == "maxtext" else frozenset()
+    return XlaGpuRun(buckets_by_xla=True, pipelined=pipelined)
+
+
+def combiner_kinds(module: HloModule, kinds: dict[str, str]) -> dict[str, str]:
+    """`kinds` as XLA:GPU's combiners see the gradients: a partitioner's
+    all-reduce + dynamic-slice is a reduce-scatter by then
+    (`xla_gpu_patterns.scattering_all_reduces`)."""
+    scattering = scattering_all_reduces(module)
+    return {name: "reduce-scatter" if name in scattering else k for name, k in kinds.items()}
+
+
+def tuned_pipelining(chosen: Baseline, profile: ClusterProfile, cost_model: CostModel) -> Baseline:
+    """`chosen` (an XLA-run baseline) with the pipelining of reduce-scatters
+    and all-reduces that simulates fastest, of none, each kind alone, and
+    both (O1 turns both on; ties keep the fewer). Unchanged where no
+    collective can be sunk."""
+    if chosen.xla_run is None or not sinkable_collectives(chosen.module):
+        return chosen
+    best, best_s = chosen, simulate(chosen.task_graph(), profile, cost_model).iteration_s
+    for kinds in (("reduce-scatter",), ("all-reduce",), PIPELINED_KINDS):
+        trial = replace(chosen, xla_run=replace(chosen.xla_run, pipelined=frozenset(kinds)))
+        seconds = simulate(trial.task_graph(), profile, cost_model).iteration_s
+        if seconds < best_s:
+            best, best_s = trial, seconds
+    if best is chosen:
+        return chosen
+    sunk = " and ".join(k + "s" for k in PIPELINED_KINDS if k in best.xla_run.pipelined)
+    return replace(best, note=f"{best.note}, {sunk} pipelined a loop trip on")
 
 
 def sends_tuples(name: str, profile: ClusterProfile) -> bool:
@@ -348,8 +395,11 @@ def baseline(
     singletons = simulate(build_task_graph(compiled_separate, separate), profile, cost_model)
     ready = singletons.collective_ready_s
     gradients = gradients_in_ready_order(compiled_separate, ready)
-    price = bucketing_price(compiled_separate, separate, profile, cost_model)
+    run = xla_gpu_run(name, profile)
+    price = bucketing_price(compiled_separate, separate, profile, cost_model, run)
     kinds = gradient_kinds(compiled_separate)
+    if run is not None:
+        kinds = combiner_kinds(compiled_separate, kinds)
     buckets, note = bucket_rules(name, gradients, ready, profile, kinds, price)
     plan, gather_note = xla_gpu_all_gathers(
         name,
@@ -358,13 +408,15 @@ def baseline(
         profile,
         cost_model,
     )
-    return Baseline(
+    chosen = Baseline(
         name,
         compiled_separate,
         plan,
         f"{fusion_note}, {note}{gather_note}",
         collectives_block_compute=gpu and name in RUN_BY_XLA,
+        xla_run=run,
     )
+    return tuned_pipelining(chosen, profile, cost_model) if name == "xla-tuned" else chosen
 
 
 def xla_gpu_all_gathers(
@@ -408,10 +460,17 @@ def xla_gpu_all_gathers(
 
 
 def bucketing_price(
-    module: HloModule, plan: Plan, profile: ClusterProfile, cost_model: CostModel
+    module: HloModule,
+    plan: Plan,
+    profile: ClusterProfile,
+    cost_model: CostModel,
+    run: XlaGpuRun | None = None,
 ) -> Callable[[tuple[tuple[str, ...], ...]], float]:
     """The simulated step time of `plan` with given buckets (made legal), its
-    collectives beside compute; inf where the plan cannot run."""
+    collectives beside compute, as XLA:GPU runs them under `run` where given;
+    inf where the plan cannot run (refused by `verify_plan`, or no kernel order
+    runs it: a reader of one member would come before a kernel another member
+    waits for through a collective it reads)."""
 
     def price(buckets: tuple[tuple[str, ...], ...]) -> float:
         bucketed = with_buckets(plan, legal_buckets(module, buckets))
@@ -419,7 +478,13 @@ def bucketing_price(
             verify_plan(bucketed, module)
         except DiscoInputError:
             return math.inf
-        return simulate(build_task_graph(module, bucketed), profile, cost_model).iteration_s
+        graph = build_task_graph(module, bucketed)
+        if run is not None:
+            graph = as_xla_gpu_runs(graph, module, run)
+        try:
+            return simulate(graph, profile, cost_model).iteration_s
+        except RuntimeError:  # no kernel order runs these buckets (`plan_kernels.bucket_waits`)
+            return math.inf
 
     return price
 
@@ -498,7 +563,8 @@ def bucket_rules(
         chosen = ", ".join(f"{kind} {limit // MB} MB" for kind, limit in sent.items())
         return kind_threshold_buckets(gradients, kinds, thresholds), (
             f"XLA:GPU's combiners at MaxText's A3 thresholds for {profile.nodes} VMs "
-            f"({chosen}), beside compute (latency-hiding scheduler on)"
+            f"({chosen}), beside compute (latency-hiding scheduler on), reduce-scatters "
+            f"and all-reduces pipelined a loop trip on{unmodelled_note()}"
         )
     if name in ("xla-nocombine", "none"):
         note = "one all-reduce per gradient"
@@ -558,6 +624,10 @@ def captured_baselines(
     gradients = gradients_in_ready_order(module, ready)
     kinds = gradient_kinds(module)
     price = bucketing_price(module, xla_fusion, profile, cost_model)
+    if gpu:  # the sweep of `xla-tuned`, as XLA:GPU runs its program
+        price = bucketing_price(
+            module, xla_fusion, profile, cost_model, xla_gpu_run("xla", profile)
+        )
     baselines = {}
     for name in names or baseline_names(profile):
         _check_baseline_name(name, profile)
@@ -566,7 +636,9 @@ def captured_baselines(
                 "none", module, Plan.unfused(module), "no fusion, one all-reduce per gradient"
             )
             continue
-        buckets, note = bucket_rules(name, gradients, ready, profile, kinds, price)
+        run = xla_gpu_run(name, profile)
+        seen_kinds = kinds if run is None else combiner_kinds(module, kinds)
+        buckets, note = bucket_rules(name, gradients, ready, profile, seen_kinds, price)
         if fusion.buckets is not None and name in ("xla", "xla-overlap"):
             buckets = fusion.buckets
             note = f"XLA's {len(buckets)} all-reduces from its dump, in its order" + (
@@ -580,12 +652,16 @@ def captured_baselines(
             note = f"{note} is not legal here ({error}); one all-reduce per gradient instead"
         plan, gather_note = xla_gpu_all_gathers(name, module, plan, profile, cost_model)
         note += gather_note
-        baselines[name] = Baseline(
+        chosen = Baseline(
             name,
             module,
             plan,
             f"{fusion_note}, {note}",
             sends_tuples(name, profile),
             collectives_block_compute=gpu and name in RUN_BY_XLA,
+            xla_run=run,
+        )
+        baselines[name] = (
+            tuned_pipelining(chosen, profile, cost_model) if name == "xla-tuned" else chosen
         )
     return baselines

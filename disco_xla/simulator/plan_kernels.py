@@ -143,8 +143,9 @@ def bucket_waits(
         bucketed += [
             [info] for info, merged in zip(others.info, others.merged, strict=True) if merged
         ]
+    upstream = _upstream_producers(kernel_of_atom, gradient_info, buckets, others)
     for infos in bucketed:
-        producers = {kernel_of_atom[a] for info in infos for a in info.producer_atoms}
+        producers = {kernel for info in infos for kernel in upstream(info)}
         for info in infos:
             for atom in info.atoms:
                 producers_of_atom[atom] = producers
@@ -155,6 +156,36 @@ def bucket_waits(
                 if found:
                     predecessors[kernel].update(found - {kernel})
     return predecessors
+
+
+def _upstream_producers(kernel_of_atom, gradient_info, buckets, others):
+    """A function giving the kernels a collective waits for: those that produce
+    what it reads, and, through each collective it reads (a data-parallel
+    all-reduce of a reduce-scattered block), those that produce what that
+    one's whole bucket reads, at any depth."""
+    sent_with: dict[int, list[CollectiveInfo]] = {}  # atom -> its bucket's members
+    for bucket in buckets:
+        infos = [gradient_info[name] for name in bucket]
+        for info in infos:
+            sent_with.update(dict.fromkeys(info.atoms, infos))
+    if others is not None:
+        for atoms, info in zip(others.atoms, others.info, strict=True):
+            sent_with.update(dict.fromkeys(atoms, [info]))
+
+    def upstream(info: CollectiveInfo) -> set[int]:
+        found = {kernel_of_atom[a] for a in info.producer_atoms}
+        pending, seen = list(info.reads), set()
+        while pending:
+            atom = pending.pop()
+            if atom in seen or atom not in sent_with:
+                continue
+            seen.add(atom)
+            for source in sent_with[atom]:
+                found.update(kernel_of_atom[a] for a in source.producer_atoms)
+                pending.extend(source.reads)
+        return found
+
+    return upstream
 
 
 def order_priorities(kernels: PlanKernels, group_count: int) -> list[int]:

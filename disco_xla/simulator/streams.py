@@ -249,7 +249,21 @@ class _StreamRun:
         self.concat_after: dict[int, list[int]] = {}  # position -> tasks copied after it
         for c, copy in enumerate(copy_ps):
             if copy > 0:
-                self.concat_after.setdefault(last_producer[c], []).append(c)
+                self.concat_after.setdefault(self._copy_position(c), []).append(c)
+
+    def _copy_position(self, c: int) -> int:
+        """The kernel position after which task c's concatenation runs: after
+        its last producer; for a task no kernel produces that reads other
+        tasks (a data-parallel all-reduce of reduce-scattered blocks), after
+        the latest kernel those tasks wait for, at any depth."""
+        position, pending, seen = self.last_producer[c], list(self.comm_waits[c]), set()
+        while pending:
+            d = pending.pop()
+            if d not in seen:
+                seen.add(d)
+                position = max(position, self.last_producer[d])
+                pending.extend(self.comm_waits[d])
+        return position
 
     def issue(self, passed: int, free: int) -> int:
         """Issue tasks in order while each can start: its last producer is below

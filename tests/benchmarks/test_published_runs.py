@@ -41,3 +41,26 @@ def test_slowdowns_are_measured_from_each_series_smallest_scale():
     totals = summary(rows)
     assert totals["median_abs_error"] == pytest.approx(0.83)
     assert totals["targets"] == {"median": False, "worst": False, "slowdown": False}
+
+
+def test_a_run_without_a_layer_loop_is_priced_without_loop_pipelining(fsdp_step):
+    from dataclasses import replace
+
+    from benchmarks.published_runs import without_loop_pipelining
+    from disco_xla.runtime.apply import NO_COMBINER
+    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.search.baselines import captured_baselines
+    from disco_xla.simulator.cost_models import make_cost_model
+
+    a3 = [r for r in load_runs() if r["id"].startswith("maxtext-a3-")]
+    assert a3 and all(r["layer_loop"] is False for r in a3)  # scan_layers: False
+    profile = replace(load_profile("h100-a3-tcpx"), nodes=1)
+    compiled = compile_module(fsdp_step, NO_COMBINER)
+    cost_model = make_cost_model("auto", profile)
+    (maxtext,) = captured_baselines(fsdp_step, compiled, profile, cost_model, ("maxtext",)).values()
+    assert maxtext.plan.prefetched_all_gathers and maxtext.xla_run.pipelined
+    plain = without_loop_pipelining(maxtext)
+    assert plain.plan.prefetched_all_gathers == () and plain.xla_run.pipelined == frozenset()
+    assert plain.plan.all_reduce_buckets == maxtext.plan.all_reduce_buckets
+    assert plain.xla_run.buckets_by_xla  # XLA still creates its reduce-scatters
+    assert len(plain.task_graph().communications) < len(maxtext.task_graph().communications)

@@ -98,7 +98,10 @@ def test_optimize_writes_a_checked_module_whose_mlp_runs_in_chunks(fsdp_step_fil
     # Its enforced fusion may sum in another order, and is then refused; what
     # was written is whichever equal candidate measured fastest here.
     measured = report["measured"]
-    assert measured["candidates"]["buckets"]["equal"] is True
+    # Where the found plan keeps XLA's fusion, its buckets alone are the plan
+    # itself, measured once as `plan`.
+    candidates = measured["candidates"]
+    assert candidates.get("buckets", candidates["plan"])["equal"] is True
     assert "seconds" in measured["candidates"]["plan"]  # rewritten and run, not failed
     assert measured["equal"] is True
     plan = json.loads((tmp_path / "out.hlo.pb.plan.json").read_text())

@@ -475,7 +475,14 @@ class PlanState(KernelMoves):
                 # buckets orders its kernels otherwise (`bucket_waits`). Where the
                 # order already meets the new buckets, it is the same order.
                 pass
-        return self._simulated_ps(self.rebucketed_plan(buckets)) / PS_PER_S
+        try:
+            return self._simulated_ps(self.rebucketed_plan(buckets)) / PS_PER_S
+        except RuntimeError:
+            # No kernel order runs these buckets: a bucket's reader would come
+            # before a kernel that one of its members waits for, through the
+            # collective it reads (a data-parallel all-reduce of a block
+            # another bucket reduce-scatters). Not a plan.
+            return None
 
     # -- the neighbouring plans ----------------------------------------------
     def rebucketed_plan(self, buckets: tuple[tuple[str, ...], ...]) -> Plan:
