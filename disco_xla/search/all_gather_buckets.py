@@ -23,6 +23,9 @@ from disco_xla.plan import (
     all_gathers,
     verify_plan,
 )
+from disco_xla.search.combiners import threshold_sweep
+from disco_xla.search.expert_flags import maxtext_thresholds
+from disco_xla.search.prefetch import pipelined_all_gathers
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph
@@ -133,3 +136,43 @@ def best_all_gather_buckets(
         if seconds < best_s:
             best, best_s = buckets, seconds
     return best, best_s
+
+
+def xla_gpu_all_gathers(
+    name: str, module: HloModule, plan: Plan, profile: ClusterProfile, cost_model: CostModel
+) -> tuple[Plan, str]:
+    """`plan` with the all-gather buckets XLA:GPU's combiner makes for baseline
+    `name` (`all_gather_buckets.combined_all_gathers`), and a note to add:
+    `xla` and `xla-overlap` at XLA's default threshold, `maxtext` at MaxText's,
+    `xla-tuned` at the swept threshold the simulator finds fastest. `maxtext`
+    also pipelines loop-body all-gathers a trip ahead (`prefetch`), and
+    `xla-tuned` does where that simulates faster. Unchanged on
+    CPU profiles (XLA:CPU has no all-gather combiner), for the other baselines,
+    and where the module has no all-gather to combine."""
+    gpu = profile.execution == "gpu-streams"
+    if not gpu or name not in ("xla", "xla-overlap", "xla-tuned", "maxtext"):
+        return plan, ""
+    gathers = all_gathers(module)
+    if len(gathers) < 2:
+        return plan, ""
+    if name == "maxtext":
+        limits = [maxtext_thresholds(profile)["all-gather"]]
+    elif name == "xla-tuned":
+        limits = threshold_sweep(sum(collective_bytes(instr) for instr in gathers))
+    else:
+        limits = [XLA_GPU_ALL_GATHER_COMBINE_BYTES]
+    found = fastest_combined(module, plan, limits, profile, cost_model)
+    if found is None:
+        return plan, ", all-gathers one by one (the combiner's buckets are not legal here)"
+    best, best_s, best_limit = found
+    note = f", all-gathers combined up to {best_limit // MB} MB"
+    pipelined = replace(best, prefetched_all_gathers=pipelined_all_gathers(module, best))
+    # MaxText sets XLA's collective pipelining on; the tuned baseline keeps it
+    # where it simulates faster.
+    if pipelined != best and (
+        name == "maxtext"
+        or name == "xla-tuned"
+        and simulate(build_task_graph(module, pipelined), profile, cost_model).iteration_s < best_s
+    ):
+        best, note = pipelined, note + ", pipelined a loop trip ahead"
+    return best, note

@@ -76,24 +76,32 @@ from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo.xla_gpu_patterns import scattering_all_reduces, sinkable_collectives
 from disco_xla.plan import (
     Plan,
-    all_gathers,
     bucket_kinds,
     gradient_all_reduces_in_order,
     gradient_dependencies,
     verify_plan,
 )
 from disco_xla.search.all_gather_buckets import (
-    XLA_GPU_ALL_GATHER_COMBINE_BYTES,
-    fastest_combined,
+    xla_gpu_all_gathers,
+)
+from disco_xla.search.combiners import (
+    MB,
+    XLA_GPU_COMBINE_BYTES,
+    Gradients,
+    cycle_buckets,
+    kind_threshold_buckets,
+    mgwfbp_buckets,
+    threshold_buckets,
+    tuned_buckets,
+    unit_buckets,
+    xla_cpu_buckets,
 )
 from disco_xla.search.expert_flags import (
     MAXTEXT_A3_LLAMA2_7B,
     maxtext_thresholds,
-    refined_thresholds,
     unmodelled_note,
 )
 from disco_xla.search.fusion_source import XlaFusion, compiled_fusion
-from disco_xla.search.prefetch import pipelined_all_gathers
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
@@ -101,8 +109,6 @@ from disco_xla.simulator.kernels import TaskGraph, build_task_graph
 from disco_xla.simulator.profiles import ClusterProfile
 from disco_xla.simulator.xla_gpu_run import PIPELINED_KINDS, XlaGpuRun, as_xla_gpu_runs
 
-MB = 1 << 20
-XLA_GPU_COMBINE_BYTES = 30 * MB  # xla_gpu_all_reduce_combine_threshold_bytes
 BASELINES = (
     "none",
     "xla",
@@ -119,25 +125,6 @@ FSDP_UNIT_BYTES = 4 * 10**8  # 1e8 parameters of 4 bytes
 # The baselines XLA runs itself: on GPU profiles their collectives hold the compute
 # stream (the latency-hiding scheduler is off by default).
 RUN_BY_XLA = ("xla", "xla-nocombine")
-# (name, bytes) of each gradient all-reduce, in the order the gradients become ready.
-Gradients = list[tuple[str, int]]
-
-
-def threshold_buckets(gradients: Gradients, limit_bytes: int, first_bytes: int | None = None):
-    """Consecutive gradients packed into buckets of at most `limit_bytes` (the
-    first at most `first_bytes`); a larger gradient gets a bucket of its own."""
-    buckets: list[list[str]] = []
-    filled = math.inf
-    for name, size in gradients:
-        # While the first bucket is open it has its own limit.
-        limit = first_bytes if (first_bytes is not None and len(buckets) == 1) else limit_bytes
-        if buckets and filled + size <= limit:
-            buckets[-1].append(name)
-            filled += size
-        else:
-            buckets.append([name])
-            filled = size
-    return tuple(tuple(b) for b in buckets)
 
 
 def baseline_names(profile: ClusterProfile) -> tuple[str, ...]:
@@ -160,113 +147,6 @@ def _check_baseline_name(name: str, profile: ClusterProfile) -> None:
         raise ValueError(f"unknown baseline {name!r}")
 
 
-def threshold_sweep(total_bytes: int) -> list[int]:
-    """The thresholds NVIDIA's guide sweeps: powers of two from 16 MB up to the
-    first at least `total_bytes`, and XLA's default."""
-    sweep = {XLA_GPU_COMBINE_BYTES}
-    threshold = 16 * MB
-    while True:
-        sweep.add(threshold)
-        if threshold >= total_bytes:
-            return sorted(sweep)
-        threshold *= 2
-
-
-def kind_threshold_buckets(
-    gradients: Gradients, kinds: dict[str, str], thresholds: dict[str, int]
-) -> tuple[tuple[str, ...], ...]:
-    """XLA:GPU's combiners, one for each kind with its own threshold: a kind's
-    gradients packed in ready order up to its threshold (XLA's default where
-    `thresholds` has none), the buckets in the order their last one is ready."""
-    position = {name: index for index, (name, _) in enumerate(gradients)}
-    buckets: list[tuple[str, ...]] = []
-    for kind in sorted({kinds.get(name, "all-reduce") for name, _ in gradients}):
-        own = [(name, size) for name, size in gradients if kinds.get(name, "all-reduce") == kind]
-        buckets.extend(threshold_buckets(own, thresholds.get(kind, XLA_GPU_COMBINE_BYTES)))
-    return tuple(sorted(buckets, key=lambda bucket: position[bucket[-1]]))
-
-
-def tuned_buckets(
-    gradients: Gradients,
-    kinds: dict[str, str],
-    price: Callable[[tuple[tuple[str, ...], ...]], float],
-    more_thresholds: dict[str, list[int]] | None = None,
-) -> tuple[tuple[tuple[str, ...], ...], dict[str, int]]:
-    """The buckets and per-kind thresholds of the fastest sweep, by `price`
-    (the simulated step time of a bucketing; inf where it cannot run). Each
-    kind in turn, the others at their best so far, sweeps `threshold_sweep`
-    and `more_thresholds` of that kind, then a quarter of an octave apart
-    around the best of those (`expert_flags.refined_thresholds`)."""
-    more_thresholds = more_thresholds or {}
-    present = sorted({kinds.get(name, "all-reduce") for name, _ in gradients})
-    thresholds = dict.fromkeys(present, XLA_GPU_COMBINE_BYTES)
-    best = kind_threshold_buckets(gradients, kinds, thresholds)
-    best_s = price(best)
-    for kind in present:
-        total = sum(size for name, size in gradients if kinds.get(name, "all-reduce") == kind)
-        sweep = sorted({*threshold_sweep(total), *more_thresholds.get(kind, ())})
-        for finer in (False, True):
-            if finer:
-                sweep = refined_thresholds(thresholds[kind], sweep)
-            for threshold in sweep:
-                trial = {**thresholds, kind: threshold}
-                buckets = kind_threshold_buckets(gradients, kinds, trial)
-                seconds = price(buckets)
-                if seconds < best_s:
-                    best, best_s, thresholds = buckets, seconds, trial
-    return best, thresholds
-
-
-def unit_buckets(gradients: Gradients, min_bytes: int):
-    """Consecutive gradients in units that close once they hold `min_bytes`."""
-    buckets: list[list[str]] = []
-    filled = min_bytes
-    for name, size in gradients:
-        if filled >= min_bytes:
-            buckets.append([])
-            filled = 0
-        buckets[-1].append(name)
-        filled += size
-    return tuple(tuple(b) for b in buckets)
-
-
-def cycle_buckets(
-    gradients: Gradients, ready_s: dict[str, float], cycle_s: float, limit_bytes: int
-):
-    """Horovod's tensor fusion: each cycle, the gradients that became ready since
-    the last one are sent, packed into buffers of at most `limit_bytes`."""
-    by_cycle: dict[int, Gradients] = {}
-    for name, size in gradients:
-        by_cycle.setdefault(math.ceil(ready_s[name] / cycle_s - 1e-12), []).append((name, size))
-    buckets: list[tuple[str, ...]] = []
-    for cycle in sorted(by_cycle):
-        buckets.extend(threshold_buckets(by_cycle[cycle], limit_bytes))
-    return tuple(buckets)
-
-
-def mgwfbp_buckets(
-    gradients: Gradients, ready_s: dict[str, float], comm_s: Callable[[int], float], alpha_s: float
-):
-    """MG-WFBP's merge rule over gradients in ready order."""
-    buckets: list[list[str]] = []
-    bucket_bytes = 0
-    comm_free = 0.0
-    for name, size in gradients:
-        if not buckets:
-            buckets.append([name])
-            bucket_bytes = size
-        else:
-            start = max(comm_free, ready_s[buckets[-1][-1]])
-            if start >= ready_s[name] or ready_s[name] - start < alpha_s:
-                buckets[-1].append(name)
-                bucket_bytes += size
-            else:
-                comm_free = start + comm_s(bucket_bytes)
-                buckets.append([name])
-                bucket_bytes = size
-    return tuple(tuple(b) for b in buckets)
-
-
 def gradients_in_ready_order(
     module: HloModule, ready_s: dict[str, float] | None = None
 ) -> Gradients:
@@ -276,19 +156,6 @@ def gradients_in_ready_order(
     if ready_s is not None:
         ordered = sorted(ordered, key=lambda i: (ready_s[i.name], ordered.index(i)))
     return [(i.name, collective_bytes(i)) for i in ordered]
-
-
-def xla_cpu_buckets(gradients: Gradients, kinds: dict[str, str]):
-    """XLA:CPU's combiner: every gradient all-reduce in one bucket, sent once the
-    last is ready; reduce-scatters one by one (it has no combiner for them)."""
-    combined = tuple(g for g, _ in gradients if kinds.get(g, "all-reduce") == "all-reduce")
-    buckets: list[tuple[str, ...]] = []
-    for name, _ in gradients:
-        if name not in combined:
-            buckets.append((name,))
-        elif name == combined[-1]:
-            buckets.append(combined)
-    return tuple(buckets)
 
 
 def with_buckets(plan: Plan, buckets) -> Plan:
@@ -417,46 +284,6 @@ def baseline(
         xla_run=run,
     )
     return tuned_pipelining(chosen, profile, cost_model) if name == "xla-tuned" else chosen
-
-
-def xla_gpu_all_gathers(
-    name: str, module: HloModule, plan: Plan, profile: ClusterProfile, cost_model: CostModel
-) -> tuple[Plan, str]:
-    """`plan` with the all-gather buckets XLA:GPU's combiner makes for baseline
-    `name` (`all_gather_buckets.combined_all_gathers`), and a note to add:
-    `xla` and `xla-overlap` at XLA's default threshold, `maxtext` at MaxText's,
-    `xla-tuned` at the swept threshold the simulator finds fastest. `maxtext`
-    also pipelines loop-body all-gathers a trip ahead (`prefetch`), and
-    `xla-tuned` does where that simulates faster. Unchanged on
-    CPU profiles (XLA:CPU has no all-gather combiner), for the other baselines,
-    and where the module has no all-gather to combine."""
-    gpu = profile.execution == "gpu-streams"
-    if not gpu or name not in ("xla", "xla-overlap", "xla-tuned", "maxtext"):
-        return plan, ""
-    gathers = all_gathers(module)
-    if len(gathers) < 2:
-        return plan, ""
-    if name == "maxtext":
-        limits = [maxtext_thresholds(profile)["all-gather"]]
-    elif name == "xla-tuned":
-        limits = threshold_sweep(sum(collective_bytes(instr) for instr in gathers))
-    else:
-        limits = [XLA_GPU_ALL_GATHER_COMBINE_BYTES]
-    found = fastest_combined(module, plan, limits, profile, cost_model)
-    if found is None:
-        return plan, ", all-gathers one by one (the combiner's buckets are not legal here)"
-    best, best_s, best_limit = found
-    note = f", all-gathers combined up to {best_limit // MB} MB"
-    pipelined = replace(best, prefetched_all_gathers=pipelined_all_gathers(module, best))
-    # MaxText sets XLA's collective pipelining on; the tuned baseline keeps it
-    # where it simulates faster.
-    if pipelined != best and (
-        name == "maxtext"
-        or name == "xla-tuned"
-        and simulate(build_task_graph(module, pipelined), profile, cost_model).iteration_s < best_s
-    ):
-        best, note = pipelined, note + ", pipelined a loop trip ahead"
-    return best, note
 
 
 def bucketing_price(

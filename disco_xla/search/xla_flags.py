@@ -7,12 +7,12 @@ latency-hiding scheduler runs, and which kinds its collective pipeliner moves
 a loop trip: the flag set of the `xla-tuned` and `maxtext` baselines
 (`expert_flags`). So the program they give is XLA's fusion, with each kind's
 gradients combined in ready order up to its threshold
-(`baselines.kind_threshold_buckets`), beside compute, simulated as XLA:GPU
+(`combiners.kind_threshold_buckets`), beside compute, simulated as XLA:GPU
 compiles it (`simulator.xla_gpu_run`: the partitioner's all-reduce +
 dynamic-slice pairs are reduce-scatters by the time it combines). Each kind's
 threshold is chosen from the sizes of the plan's own buckets of that kind and
 NVIDIA's sweep, refined a quarter of an octave apart
-(`baselines.tuned_buckets`), by the simulated time of the program it gives.
+(`combiners.tuned_buckets`), by the simulated time of the program it gives.
 Where the module has all-gathers, the all-gather threshold is then chosen
 likewise, from the sizes of the plan's all-gather buckets and the sweep
 (`all_gather_buckets.combined_all_gathers` at each threshold). Where the plan
@@ -37,9 +37,8 @@ from disco_xla.search.baselines import (
     gradient_kinds,
     gradients_in_ready_order,
     legal_buckets,
-    threshold_sweep,
-    tuned_buckets,
 )
+from disco_xla.search.combiners import threshold_sweep, tuned_buckets
 from disco_xla.search.prefetch import pipelined_all_gathers
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from disco_xla.search.baselines import (
-    BASELINES,
+from disco_xla.search.baselines import BASELINES, bucket_rules
+from disco_xla.search.combiners import (
     MB,
-    bucket_rules,
     cycle_buckets,
     kind_threshold_buckets,
     mgwfbp_buckets,
