@@ -73,7 +73,7 @@ from dataclasses import dataclass, replace
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.collectives import collective_bytes
 from disco_xla.hlo.graph import HloModule
-from disco_xla.hlo.xla_gpu_patterns import scattering_all_reduces, sinkable_collectives
+from disco_xla.hlo.xla_gpu_patterns import sinkable_collectives
 from disco_xla.plan import (
     Plan,
     bucket_kinds,
@@ -98,8 +98,10 @@ from disco_xla.search.combiners import (
 )
 from disco_xla.search.expert_flags import (
     MAXTEXT_A3_LLAMA2_7B,
+    combiner_kinds,
     maxtext_thresholds,
     unmodelled_note,
+    xla_gpu_run,
 )
 from disco_xla.search.fusion_source import XlaFusion, compiled_fusion
 from disco_xla.simulator.comm import all_reduce_s
@@ -183,29 +185,6 @@ class Baseline:
             self.module, self.plan, self.tuple_buckets, self.collectives_block_compute
         )
         return graph if self.xla_run is None else as_xla_gpu_runs(graph, self.module, self.xla_run)
-
-
-# The baselines whose program XLA:GPU compiles with its own combiners.
-COMBINED_BY_XLA_GPU = ("xla", "xla-overlap", "xla-tuned", "maxtext", "xla-nocombine")
-
-
-def xla_gpu_run(name: str, profile: ClusterProfile) -> XlaGpuRun | None:
-    """How XLA:GPU runs baseline `name`'s collectives on `profile`: its
-    reduce-scatter creator before its combiners, and, for `maxtext`, its
-    pipelining of reduce-scatters and all-reduces (`xla-tuned` chooses its
-    own, `tuned_pipelining`). None where XLA:GPU does not run the baseline."""
-    if profile.execution != "gpu-streams" or name not in COMBINED_BY_XLA_GPU:
-        return None
-    pipelined = frozenset(PIPELINED_KINDS) if name == "maxtext" else frozenset()
-    return XlaGpuRun(buckets_by_xla=True, pipelined=pipelined)
-
-
-def combiner_kinds(module: HloModule, kinds: dict[str, str]) -> dict[str, str]:
-    """`kinds` as XLA:GPU's combiners see the gradients: a partitioner's
-    all-reduce + dynamic-slice is a reduce-scatter by then
-    (`xla_gpu_patterns.scattering_all_reduces`)."""
-    scattering = scattering_all_reduces(module)
-    return {name: "reduce-scatter" if name in scattering else k for name, k in kinds.items()}
 
 
 def tuned_pipelining(chosen: Baseline, profile: ClusterProfile, cost_model: CostModel) -> Baseline:
@@ -450,11 +429,8 @@ def captured_baselines(
     ready = singletons.collective_ready_s
     gradients = gradients_in_ready_order(module, ready)
     kinds = gradient_kinds(module)
-    price = bucketing_price(module, xla_fusion, profile, cost_model)
-    if gpu:  # the sweep of `xla-tuned`, as XLA:GPU runs its program
-        price = bucketing_price(
-            module, xla_fusion, profile, cost_model, xla_gpu_run("xla", profile)
-        )
+    # The sweep of `xla-tuned`, as XLA runs its program (None on CPU profiles).
+    price = bucketing_price(module, xla_fusion, profile, cost_model, xla_gpu_run("xla", profile))
     baselines = {}
     for name in names or baseline_names(profile):
         _check_baseline_name(name, profile)
@@ -466,17 +442,7 @@ def captured_baselines(
         run = xla_gpu_run(name, profile)
         seen_kinds = kinds if run is None else combiner_kinds(module, kinds)
         buckets, note = bucket_rules(name, gradients, ready, profile, seen_kinds, price)
-        if fusion.buckets is not None and name in ("xla", "xla-overlap"):
-            buckets = fusion.buckets
-            note = f"XLA's {len(buckets)} all-reduces from its dump, in its order" + (
-                ", each holding the compute stream" if name == "xla" and gpu else ""
-            )
-        plan = with_buckets(xla_fusion, legal_buckets(module, buckets))
-        try:
-            verify_plan(plan, module)
-        except DiscoInputError as error:
-            plan = xla_fusion
-            note = f"{note} is not legal here ({error}); one all-reduce per gradient instead"
+        plan, note = _bucketed_plan(name, module, fusion, buckets, note, gpu)
         plan, gather_note = xla_gpu_all_gathers(name, module, plan, profile, cost_model)
         note += gather_note
         chosen = Baseline(
@@ -492,3 +458,25 @@ def captured_baselines(
             tuned_pipelining(chosen, profile, cost_model) if name == "xla-tuned" else chosen
         )
     return baselines
+
+
+def _bucketed_plan(
+    name: str, module: HloModule, fusion: XlaFusion, buckets, note: str, gpu: bool
+) -> tuple[Plan, str]:
+    """XLA's fusion with baseline `name`'s buckets (made legal), or with the
+    all-reduces of XLA's dump for `xla` and `xla-overlap`; one all-reduce per
+    gradient where `verify_plan` refuses them. Returns the plan and its note."""
+    if fusion.buckets is not None and name in ("xla", "xla-overlap"):
+        buckets = fusion.buckets
+        note = f"XLA's {len(buckets)} all-reduces from its dump, in its order" + (
+            ", each holding the compute stream" if name == "xla" and gpu else ""
+        )
+    plan = with_buckets(fusion.plan, legal_buckets(module, buckets))
+    try:
+        verify_plan(plan, module)
+    except DiscoInputError as error:
+        return (
+            fusion.plan,
+            f"{note} is not legal here ({error}); one all-reduce per gradient instead",
+        )
+    return plan, note

@@ -13,12 +13,17 @@ Two sets are modelled as baselines (`baselines`):
   thresholds (`MAXTEXT_A3_LLAMA2_7B`).
 
 Every flag is listed with how it is modelled; one the simulator cannot model
-is named in the baseline's note (`unmodelled_note`).
+is named in the baseline's note (`unmodelled_note`). Every program XLA runs
+itself is simulated as XLA:GPU compiles it (`xla_gpu_run`), its combiners
+seeing the reduce-scatters its creator makes (`combiner_kinds`).
 """
 
 from __future__ import annotations
 
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo.xla_gpu_patterns import scattering_all_reduces
 from disco_xla.simulator.profiles import ClusterProfile
+from disco_xla.simulator.xla_gpu_run import PIPELINED_KINDS, XlaGpuRun
 
 MB = 1 << 20
 
@@ -135,3 +140,26 @@ def refined_thresholds(best: int, tried: list[int]) -> list[int]:
     above = min((t for t in tried if t > best), default=best * 2)
     steps = [round(best * 2 ** (k / 4)) for k in (-3, -2, -1, 1, 2, 3)]
     return [t for t in steps if below < t < above and t not in tried]
+
+
+# The baselines whose program XLA:GPU compiles with its own combiners.
+COMBINED_BY_XLA_GPU = ("xla", "xla-overlap", "xla-tuned", "maxtext", "xla-nocombine")
+
+
+def xla_gpu_run(name: str, profile: ClusterProfile) -> XlaGpuRun | None:
+    """How XLA:GPU runs baseline `name`'s collectives on `profile`: its
+    reduce-scatter creator before its combiners, and, for `maxtext`, its
+    pipelining of reduce-scatters and all-reduces (`xla-tuned` chooses its
+    own, `tuned_pipelining`). None where XLA:GPU does not run the baseline."""
+    if profile.execution != "gpu-streams" or name not in COMBINED_BY_XLA_GPU:
+        return None
+    pipelined = frozenset(PIPELINED_KINDS) if name == "maxtext" else frozenset()
+    return XlaGpuRun(buckets_by_xla=True, pipelined=pipelined)
+
+
+def combiner_kinds(module: HloModule, kinds: dict[str, str]) -> dict[str, str]:
+    """`kinds` as XLA:GPU's combiners see the gradients: a partitioner's
+    all-reduce + dynamic-slice is a reduce-scatter by then
+    (`xla_gpu_patterns.scattering_all_reduces`)."""
+    scattering = scattering_all_reduces(module)
+    return {name: "reduce-scatter" if name in scattering else k for name, k in kinds.items()}

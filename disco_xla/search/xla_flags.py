@@ -33,12 +33,12 @@ from disco_xla.plan import Plan, all_gathers
 from disco_xla.search.all_gather_buckets import fastest_combined
 from disco_xla.search.baselines import (
     bucketing_price,
-    combiner_kinds,
     gradient_kinds,
     gradients_in_ready_order,
     legal_buckets,
 )
 from disco_xla.search.combiners import threshold_sweep, tuned_buckets
+from disco_xla.search.expert_flags import combiner_kinds
 from disco_xla.search.prefetch import pipelined_all_gathers
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate

@@ -14,11 +14,12 @@ import pytest
 from disco_xla.hlo.xla_gpu_patterns import scattering_all_reduces
 from disco_xla.runtime.apply import NO_COMBINER
 from disco_xla.runtime.xla_runner import compile_module
-from disco_xla.search.baselines import captured_baselines, combiner_kinds, gradient_kinds
+from disco_xla.search.baselines import captured_baselines, gradient_kinds
 from disco_xla.search.combiners import MB, threshold_buckets, threshold_sweep, tuned_buckets
 from disco_xla.search.expert_flags import (
     MAXTEXT_A3_FLAGS,
     NOT_MODELLED,
+    combiner_kinds,
     refined_thresholds,
     unmodelled_note,
 )
