@@ -51,11 +51,11 @@ all-gathers as XLA:GPU's all-gather combiner does, at XLA's default, the swept
 or MaxText's threshold (`xla_gpu_all_gathers`); the other baselines keep one
 all-gather per parameter.
 
-On GPU profiles every program XLA runs itself (`COMBINED_BY_XLA_GPU`) is
+On GPU profiles every program XLA runs itself (`expert_flags.COMBINED_BY_XLA_GPU`) is
 simulated as XLA:GPU compiles it (`simulator.xla_gpu_run`): its
 reduce-scatter creator turns the partitioner's all-reduce + dynamic-slice
 pairs into reduce-scatters before its combiners group them by kind
-(`combiner_kinds`).
+(`expert_flags.combiner_kinds`).
 
 XLA's fusion comes from the module XLA compiled. `baseline` gives the plans over
 that compiled module, where each fusion is one kernel. `captured_baselines` gives
@@ -176,7 +176,7 @@ class Baseline:
     tuple_buckets: bool = False
     # Each collective holds the compute stream until it ends (XLA:GPU's default).
     collectives_block_compute: bool = False
-    # What XLA:GPU's compiler does to its collectives (`xla_gpu_run`): a
+    # What XLA:GPU's compiler does to its collectives (`expert_flags.xla_gpu_run`): a
     # program XLA runs on a GPU profile; None elsewhere.
     xla_run: XlaGpuRun | None = None
 
