@@ -57,6 +57,10 @@ def as_xla_gpu_runs(graph: TaskGraph, module: HloModule, run: XlaGpuRun) -> Task
 
 
 def _sunk(graph: TaskGraph, module: HloModule, pipelined: frozenset[str]) -> TaskGraph:
+    """`graph` with each sunk collective split in two (the module's
+    docstring). The split-off trips of a gradient bucket are buckets too, and
+    go right after the plan's buckets (the streams issue buckets first, in
+    plan order); those of another collective go last."""
     sinkable = sinkable_collectives(module)
     kernel_count = len(graph.kernels)
     count = len(graph.communications)
@@ -64,8 +68,6 @@ def _sunk(graph: TaskGraph, module: HloModule, pipelined: frozenset[str]) -> Tas
     def padded(values: list, default) -> list:
         return list(values) + [default] * (count - len(values))
 
-    communications = list(graph.communications)
-    dependencies = [list(deps) for deps in graph.dependencies]
     fields = {
         "is_bucket": padded(graph.is_bucket, False),
         "tuple_element_bytes": padded(graph.tuple_element_bytes, ()),
@@ -74,18 +76,43 @@ def _sunk(graph: TaskGraph, module: HloModule, pipelined: frozenset[str]) -> Tas
         "communication_groups": padded(graph.communication_groups, ((), 0)),
     }
     runs, kinds = fields["communication_runs"], fields["communication_kinds"]
+    buckets = next((t for t, bucket in enumerate(fields["is_bucket"]) if not bucket), count)
+    order = list(range(count))  # new place -> old task (a copy: (old task,))
+    split_runs: dict[int, int] = {}
     for task in range(count):
-        name, size, names = communications[task]
+        _, _, names = graph.communications[task]
         if kinds[task] not in pipelined or not names or not set(names) <= sinkable:
             continue
         loop = loop_of_body(module.instruction(names[0]).computation)
         waited = max(1, runs[task] // loop.trips) if loop is not None else runs[task]
-        if waited >= runs[task]:
-            continue
-        communications.append((f"{name}.sunk_trips", size, names))
-        dependencies.append(list(dependencies[kernel_count + task]))
-        for values in fields.values():
-            values.append(values[task])
-        runs[-1] = runs[task] - waited
-        runs[task] = waited
-    return replace(graph, communications=communications, dependencies=dependencies, **fields)
+        if waited < runs[task]:
+            split_runs[task] = waited
+    if not split_runs:
+        return graph
+    copies = sorted(split_runs)
+    order = [
+        *range(buckets),
+        *[(t,) for t in copies if t < buckets],
+        *range(buckets, count),
+        *[(t,) for t in copies if t >= buckets],
+    ]
+    place = {old: new for new, old in enumerate(order) if isinstance(old, int)}
+
+    def moved(deps) -> list[int]:
+        return [d if d < kernel_count else kernel_count + place[d - kernel_count] for d in deps]
+
+    dependencies = [moved(deps) for deps in graph.dependencies[:kernel_count]]
+    communications, new_fields = [], {key: [] for key in fields}
+    for old in order:
+        task = old if isinstance(old, int) else old[0]
+        name, size, names = graph.communications[task]
+        communications.append((name if isinstance(old, int) else f"{name}.sunk_trips", size, names))
+        dependencies.append(moved(graph.dependencies[kernel_count + task]))
+        for key, values in fields.items():
+            new_fields[key].append(values[task])
+        if task in split_runs:
+            whole = runs[task]
+            new_fields["communication_runs"][-1] = (
+                split_runs[task] if isinstance(old, int) else whole - split_runs[task]
+            )
+    return replace(graph, communications=communications, dependencies=dependencies, **new_fields)
