@@ -1,5 +1,9 @@
-"""The strategy type: which instructions are fused into one kernel, and how the
-gradient all-reduces are grouped into buckets, plus the one verifier of legality.
+"""The strategy type, plus the one verifier of legality. A plan has five
+dimensions (`search.ablation.DIMENSIONS`): which instructions are fused into
+one kernel; how the gradient all-reduces (and reduce-scatters) are grouped into
+buckets; how the all-gathers are grouped; which all-gathers are issued a loop
+trip ahead; and which collectives are split into chunks with the dots next to
+them.
 
 A plan speaks of IR names only, so it is plain data: it serialises to JSON, and
 can be cached, shown, diffed and applied to the module it was made for (checked

@@ -216,10 +216,15 @@ def _print_flags(flags: XlaFlags, comparison) -> None:
         f"{found_s * 1e3:.3f} ms; xla-overlap {overlap_s * 1e3:.3f} ms"
     )
     chunked = comparison.found.plan.chunked_collectives
-    if chunked:
+    if chunked and flags.windowed_einsum_mib is None:
         print(
             f"  no flag splits collectives into chunks as the found plan does ({len(chunked)}): "
             "only its rewrite (-o) realises them"
+        )
+    elif chunked:
+        print(
+            f"  windowed einsum stands for the found plan's {len(chunked)} collectives in "
+            "chunks; it splits each one a step a device"
         )
 
 

@@ -1,7 +1,8 @@
 """Apply a plan to a module, and check a rewritten module against its original.
 
 `apply_plan` runs the plan's pipeline of passes (`plan_pipeline`: fusion
-boundaries, then concat-bucketing) on a copy of the module, then verifies the
+boundaries, all-reduce buckets, all-gather buckets, chunked collectives, then
+prefetched all-gathers) on a copy of the module, then verifies the
 result: it still builds as our IR, converts to StableHLO and compiles (XLA's
 all-reduce combiner off, for this compile only), and the compiled module's
 all-reduces are exactly the plan's buckets.

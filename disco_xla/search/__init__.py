@@ -1,10 +1,17 @@
-"""Search over op-fusion groups and all-reduce buckets, and the baselines.
+"""Search over the plan's dimensions (op-fusion groups, all-reduce and
+reduce-scatter buckets, all-gather buckets, all-gathers issued a loop trip
+ahead, collectives in chunks), and the baselines.
 
 `optimize(module, cluster=...)` is the Python entry point. `pipeline` is the
 one planning path behind every entry point (pricing, baselines, ablations, the
-search); `backtracking` holds the search, `baselines` builds every baseline as a
-plan, `xla_fusion` maps XLA's compiled kernels back onto the captured module,
-and `summary` gives what reports print of a comparison.
+search); `backtracking` holds the search over fusion and buckets, and
+`all_gather_buckets`, `prefetch` and `chunking` the sweeps of the other
+dimensions after it; `baselines` builds every baseline as a plan (with
+`combiners`, `expert_flags` and `windowed_einsum` for what XLA and an expert
+do), `xla_flags` the flags closest to a plan, `fusion_source` and
+`xla_fusion` map XLA's compiled kernels back onto the captured module,
+`ablation` gives what each dimension adds and the realisable plan, and
+`summary` what reports print of a comparison.
 """
 
 from __future__ import annotations

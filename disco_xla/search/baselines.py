@@ -20,8 +20,10 @@
   gradient size, and to size the reduce-scatter threshold likewise. Each
   kind's threshold is swept over those powers of two (and XLA's default
   30 MB), then a quarter of an octave apart around the best, one kind after
-  the other, and the simulator keeps the fastest (`tuned_buckets`). XLA:CPU
-  has no such thresholds: on CPU profiles it is `xla`.
+  the other, and the simulator keeps the fastest (`tuned_buckets`). Last, the
+  windowed-einsum threshold that simulates fastest, or none
+  (`windowed_einsum`). XLA:CPU has no such thresholds: on CPU profiles it is
+  `xla`.
 - `maxtext` (not among BASELINES: only where a configuration exists, see
   `expert_flags.maxtext_thresholds`): `xla-overlap` with every flag of
   MaxText's published A3 scripts for that many 8-GPU nodes, flag by flag
@@ -104,6 +106,7 @@ from disco_xla.search.expert_flags import (
     xla_gpu_run,
 )
 from disco_xla.search.fusion_source import XlaFusion, compiled_fusion
+from disco_xla.search.windowed_einsum import with_windowed_einsum
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
@@ -262,7 +265,14 @@ def baseline(
         collectives_block_compute=gpu and name in RUN_BY_XLA,
         xla_run=run,
     )
-    return tuned_pipelining(chosen, profile, cost_model) if name == "xla-tuned" else chosen
+    return tuned_by_expert(chosen, profile, cost_model) if name == "xla-tuned" else chosen
+
+
+def tuned_by_expert(chosen: Baseline, profile: ClusterProfile, cost_model: CostModel) -> Baseline:
+    """`xla-tuned`'s last two choices, each kept where faster: O1's pipelining
+    (`tuned_pipelining`), then the windowed-einsum threshold (`windowed_einsum`)."""
+    piped = tuned_pipelining(chosen, profile, cost_model)
+    return with_windowed_einsum(piped, profile, cost_model)
 
 
 def bucketing_price(
@@ -455,7 +465,7 @@ def captured_baselines(
             xla_run=run,
         )
         baselines[name] = (
-            tuned_pipelining(chosen, profile, cost_model) if name == "xla-tuned" else chosen
+            tuned_by_expert(chosen, profile, cost_model) if name == "xla-tuned" else chosen
         )
     return baselines
 

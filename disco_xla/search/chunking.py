@@ -6,7 +6,7 @@ that can be split (`hlo.chunking`) take the chunk counts of `CHUNK_COUNTS`
 that simulate fastest, or stay whole where no split is faster (`best_chunks`:
 one count for all, then each in turn; deterministic). XLA's nearest
 counterpart is its windowed einsum (`--xla_gpu_threshold_for_windowed_einsum_mib`),
-which the flags realisation does not model.
+priced as this dimension with a chunk a device (`windowed_einsum`).
 """
 
 from __future__ import annotations

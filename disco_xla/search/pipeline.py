@@ -29,6 +29,11 @@
    (`expert_pipelining`: where `xla-tuned` pipelines loop collectives, XLA
    pipelines the rewritten program's too), and the fastest of them is the
    found plan: never slower than a baseline run the same way.
+6. What a checking entry point would run (`ablation`): the found plan over
+   XLA's own fusion where its fusion departs (that changes results), or the
+   fastest baseline plan that keeps XLA's fusion, whichever is faster; and, with
+   the ablations, the found plan with each dimension in turn set as
+   `xla-tuned` has it.
 
 T_ideal = max(C, A) uses for C the kernel time of XLA's fusion (the
 `xla-nocombine` plan has no bucket copies) and for A every gradient byte sent as
@@ -39,12 +44,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.chunking import chunkable_collectives
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan, all_gathers, prefetchable_all_gathers, verify_plan
+from disco_xla.search.ablation import departs_from, leave_one_out, realisable_plan
 from disco_xla.search.all_gather_buckets import best_all_gather_buckets
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
@@ -117,6 +123,12 @@ class PlanComparison:
     # Each baseline's plan and its simulated seconds as the rewrite would run it
     # (for 'xla', as XLA runs it: XLA's own program): the candidates to measure.
     baseline_plans: dict[str, tuple[Plan, float]]
+    # The plan a checking entry point would run (`ablation.realisable_plan`)
+    # and its seconds as the rewrite runs it; None without XLA's fusion.
+    realisable: tuple[Plan, float] | None = None
+    # With the ablations: the found plan's seconds with each dimension where it
+    # departs from `xla-tuned` set as `xla-tuned` has it (`ablation.leave_one_out`).
+    without_dimension: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def found(self) -> SearchResult:
@@ -167,7 +179,16 @@ def plan_module(
     for label, found in searches.items():
         results[label] = run.rewritten(found.plan)
     rows = {name: results[name] for name in ROWS if name in results}
-    return PlanComparison(baselines, fusion, rows, searches, baseline_plans)
+    if not baselines:
+        return PlanComparison(baselines, fusion, rows, searches, baseline_plans)
+    others = [(s, p) for name, (p, s) in baseline_plans.items() if name != "xla"]
+    others += [(results[label].iteration_s, f.plan) for label, f in searches.items()]
+    realisable = run.realisable(searches["found"].plan, baselines["xla-nocombine"].plan, others)
+    without = {}
+    if ablations:
+        expert = baselines["xla-tuned"].plan
+        without = leave_one_out(searches["found"].plan, expert, run.rewritten_s)
+    return PlanComparison(baselines, fusion, rows, searches, baseline_plans, realisable, without)
 
 
 class _Runs:
@@ -323,6 +344,30 @@ class _Runs:
         if self.under_xla is not None:
             graph = as_xla_gpu_runs(graph, self.module, self.under_xla)
         return self.simulate(graph)
+
+    def rewritten_s(self, plan: Plan) -> float:
+        """`rewritten`'s seconds, inf where `plan` is not valid or cannot run."""
+        try:
+            verify_plan(plan, self.module)
+            return self.rewritten(plan).iteration_s
+        except (DiscoInputError, RuntimeError):  # RuntimeError: no kernel order runs it
+            return math.inf
+
+    def realisable(
+        self, found: Plan, xla_fusion: Plan, others: list[tuple[float, Plan]]
+    ) -> tuple[Plan, float]:
+        """The fastest plan that keeps XLA's fusion among: the found plan's
+        realisable part (`ablation.realisable_plan`), the same without its
+        chunks (whose dots XLA's groups may hold otherwise), and `others`
+        (seconds as the rewrite runs each, plan) that keep XLA's fusion."""
+        kept = realisable_plan(found, xla_fusion)
+        options = [(self.rewritten_s(kept), kept)]
+        if kept.chunked_collectives and kept is not found:
+            unchunked = replace(kept, chunked_collectives=())
+            options.append((self.rewritten_s(unchunked), unchunked))
+        options += [(s, p) for s, p in others if not departs_from(p, xla_fusion, "fusion")]
+        seconds, plan = min(options, key=lambda pair: pair[0])
+        return plan, seconds
 
     def no_slower_than(
         self, found: SearchResult, baseline_plans: dict[str, tuple[Plan, float]]

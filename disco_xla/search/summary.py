@@ -30,6 +30,10 @@ def comparison_summary(comparison: PlanComparison) -> dict:
         "fusion": comparison.fusion.note if comparison.fusion else None,
         "evaluations": comparison.found.evaluations,
         "search_s": comparison.found.search_s,
+        # The plan a checking entry point would run (`search.ablation`).
+        "realisable_s": comparison.realisable[1] if comparison.realisable else None,
+        # The found plan with each dimension as `xla-tuned` has it.
+        "without_dimension_s": dict(comparison.without_dimension),
         "rows": {
             name: {
                 "iteration_s": r.iteration_s,
@@ -68,4 +72,21 @@ def format_table(comparison: PlanComparison) -> str:
     if chunked:
         counts = ", ".join(f"{name} in {chunks}" for name, chunks in chunked)
         lines.append(f"found plan: {len(chunked)} collectives split into chunks ({counts})")
+    lines += _realisable_lines(comparison)
     return "\n".join(lines)
+
+
+def _realisable_lines(comparison: PlanComparison) -> list[str]:
+    """The realisable plan, and the found plan without each dimension."""
+    found_s = comparison.results["found"].iteration_s
+    lines = []
+    if comparison.realisable and comparison.realisable[0] != comparison.found.plan:
+        seconds = comparison.realisable[1]
+        lines.append(
+            f"realisable plan (XLA's fusion, which keeps results): {seconds * 1e3:.3f} ms, "
+            f"{seconds / found_s:.3f}x the found plan"
+        )
+    for dimension, seconds in comparison.without_dimension.items():
+        cost = "not a valid plan" if seconds is None else f"{seconds / found_s:.3f}x"
+        lines.append(f"found plan with {dimension} as xla-tuned chose: {cost}")
+    return lines

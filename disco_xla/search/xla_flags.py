@@ -20,10 +20,13 @@ issues all-gathers a loop trip ahead, the flags turn on XLA's pipelining of
 all-gathers if that simulates faster; they turn on its pipelining of
 reduce-scatters and all-reduces, and while-loop double buffering with any
 pipelining, where that simulates faster (as `baselines.tuned_pipelining`).
+Last, windowed einsum from the threshold that simulates fastest, where any
+does (`windowed_einsum`, as `xla-tuned` chooses it).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from disco_xla.hlo.collectives import collective_bytes
@@ -40,6 +43,12 @@ from disco_xla.search.baselines import (
 from disco_xla.search.combiners import threshold_sweep, tuned_buckets
 from disco_xla.search.expert_flags import combiner_kinds
 from disco_xla.search.prefetch import pipelined_all_gathers
+from disco_xla.search.windowed_einsum import (
+    MIB,
+    threshold_flag,
+    tuned_windowed_einsum,
+    windowed_plan,
+)
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import TaskGraph, build_task_graph
@@ -73,15 +82,20 @@ class XlaFlags:
     pipelined_all_gathers: tuple[str, ...] = ()
     # The kinds it sinks a loop trip on (`simulator.xla_gpu_run`).
     pipelined_kinds: frozenset[str] = frozenset()
+    # Windowed einsum from this many MiB (`windowed_einsum`); None: off.
+    windowed_einsum_mib: int | None = None
 
     def plan(self, module: HloModule, xla_fusion: Plan) -> Plan:
         """The program these flags give, as a plan over XLA's fusion of `module`."""
-        return replace(
+        plan = replace(
             xla_fusion,
             all_reduce_buckets=legal_buckets(module, self.buckets),
             all_gather_buckets=self.all_gather_buckets,
             prefetched_all_gathers=self.pipelined_all_gathers,
         )
+        if self.windowed_einsum_mib is None:
+            return plan
+        return windowed_plan(module, plan, self.windowed_einsum_mib * MIB)
 
     def task_graph(self, module: HloModule, xla_fusion: Plan) -> TaskGraph:
         """The program these flags give, as XLA:GPU runs it."""
@@ -96,6 +110,8 @@ class XlaFlags:
         pipelining += [PIPELINED_FLAGS[k] for k in sorted(self.pipelined_kinds)]
         if pipelining:
             pipelining.append(DOUBLE_BUFFERING_FLAG)
+        if self.windowed_einsum_mib is not None:
+            pipelining.append(threshold_flag(self.windowed_einsum_mib))
         return " ".join([*thresholds, SCHEDULER_FLAG, *pipelining])
 
 
@@ -122,7 +138,8 @@ def closest_xla_flags(
     buckets, thresholds = tuned_buckets(gradients, kinds, price, plan_sizes)
     flags = XlaFlags(thresholds, buckets, price(buckets))
     flags = _with_all_gathers(flags, module, plan, xla_fusion, profile, cost_model)
-    return _with_pipelining(flags, module, xla_fusion, profile, cost_model)
+    flags = _with_pipelining(flags, module, xla_fusion, profile, cost_model)
+    return _with_windowed_einsum(flags, module, xla_fusion, profile, cost_model)
 
 
 def _with_all_gathers(
@@ -177,3 +194,29 @@ def _with_pipelining(
         if trial.simulated_s < best.simulated_s:
             best = trial
     return best
+
+
+def _with_windowed_einsum(
+    flags: XlaFlags,
+    module: HloModule,
+    xla_fusion: Plan,
+    profile: ClusterProfile,
+    cost_model: CostModel,
+) -> XlaFlags:
+    """`flags` with the windowed-einsum threshold that simulates fastest, as
+    `xla-tuned` chooses it (`windowed_einsum.tuned_windowed_einsum`); unchanged
+    where none is faster."""
+    run = XlaGpuRun(buckets_by_xla=True, pipelined=flags.pipelined_kinds)
+
+    def price(plan: Plan) -> float:
+        try:
+            graph = as_xla_gpu_runs(build_task_graph(module, plan), module, run)
+        except RuntimeError:  # no kernel order runs it
+            return math.inf
+        return simulate(graph, profile, cost_model).iteration_s
+
+    program = flags.plan(module, xla_fusion)
+    _, threshold_mib, seconds = tuned_windowed_einsum(module, program, price)
+    if threshold_mib is None:
+        return flags
+    return replace(flags, windowed_einsum_mib=threshold_mib, simulated_s=seconds)
