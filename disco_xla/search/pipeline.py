@@ -261,8 +261,11 @@ class _Runs:
         """`found` with the fastest all-gather buckets among the starts' and a
         sweep of XLA's combiner (`all_gather_buckets.best_all_gather_buckets`),
         then the fastest choice of all-gathers to issue a loop trip ahead
-        (`prefetch.best_prefetch`), or the fastest start plan as it is, if that
-        is faster still: so the result is never slower than a start."""
+        (`prefetch.best_prefetch`), or the fastest start plan without its
+        chunks, if that is faster still: so the result is never slower than a
+        start's buckets and prefetches. Chunks are chosen after
+        (`with_best_chunks`), from none: a start's chunks would hold the
+        collectives they split out of that choice."""
         plan = found.plan
         if not all_gathers(self.module):
             return found
@@ -279,6 +282,9 @@ class _Runs:
         if prefetchable_all_gathers(self.module):
             best, best_s = best_prefetch(self.module, best, plan_s)
         for start in starts:
+            # Without its chunks: they are chosen next (`with_best_chunks`),
+            # which keeps any a plan already has.
+            start = replace(start, chunked_collectives=())
             if (start.all_gather_buckets or start.prefetched_all_gathers) and start != best:
                 start_s = plan_s(start)
                 if start_s < best_s:
