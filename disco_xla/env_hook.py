@@ -1,7 +1,16 @@
 """The environment hook: `DISCO_XLA_FLAGS` turns disco-xla on for unmodified JAX
 scripts, in the style of `XLA_FLAGS`.
 
-    DISCO_XLA_FLAGS="--disco_enable --disco_cluster=cpu-local --disco_budget_s=30" python train.py
+    DISCO_XLA_FLAGS="--disco_enable --disco_budget_s=30" python train.py
+
+`--disco_cluster` defaults to `auto`: each step's first call reads the devices
+it runs on (platform, device kind, devices per process, processes) and prices
+its plans on the shipped profile they call for: on 4 processes of 8 H100s,
+`h100-32x8-ib400@4x8`, the network assumed InfiniBand (the devices do not tell
+it; name another with `--disco_cluster=h100-32x8-eth100@4x8`); on one process
+of CPU devices, `cpu-local-inprocess`. Where no profile fits (an unknown GPU),
+the step runs the original, and its status says how to write one. The report
+(`--disco_report`) names each step's profile and why.
 
 The flags are absl flags in their own `FlagValues` (the script's own absl flags
 are untouched), read once, when the hook is installed. With `--disco_enable`,
@@ -30,7 +39,7 @@ import shlex
 import sys
 from dataclasses import dataclass, fields
 
-from disco_xla.settings import DEFAULTS, OptimizeSettings
+from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
 
 # `import disco_xla` imports this module (so does the `.pth` hook, at interpreter start,
 # when DISCO_XLA_FLAGS is set): absl, JAX and `jax_api` are imported inside the
@@ -44,6 +53,7 @@ EXIT_BAD_INPUT = 2
 class HookFlags(OptimizeSettings):
     """The search settings the flags give, and whether the hook is on."""
 
+    cluster: str = AUTO_CLUSTER  # read from the devices (`WRAPPED_STEP_DEFAULTS`)
     enable: bool = False
     report: str | None = None  # where to write what each wrapped step ran, at exit
 
@@ -55,34 +65,39 @@ class HookFlags(OptimizeSettings):
 # The hook's flags, as DISCO_XLA_FLAGS takes them: (absl flag type, name, default, help).
 _FLAG_DEFINITIONS: tuple[tuple[str, str, object, str], ...] = (
     ("boolean", "disco_enable", False, "optimise data-parallel JAX steps"),
-    ("string", "disco_cluster", DEFAULTS.cluster, "cluster profile: name or YAML"),
-    ("float", "disco_budget_s", DEFAULTS.budget_s, "search budget per step, seconds"),
+    (
+        "string",
+        "disco_cluster",
+        WRAPPED_STEP_DEFAULTS.cluster,
+        "cluster profile: name, YAML path, NAME@NODESxDEVICES, or auto (read from the devices)",
+    ),
+    ("float", "disco_budget_s", WRAPPED_STEP_DEFAULTS.budget_s, "search budget per step, seconds"),
     (
         "integer",
         "disco_max_evaluations",
-        DEFAULTS.max_evaluations,
+        WRAPPED_STEP_DEFAULTS.max_evaluations,
         "plans simulated per search",
     ),
-    ("integer", "disco_seed", DEFAULTS.seed, "search seed"),
-    ("string", "disco_cost_model", DEFAULTS.cost_model, "kernel cost model"),
+    ("integer", "disco_seed", WRAPPED_STEP_DEFAULTS.seed, "search seed"),
+    ("string", "disco_cost_model", WRAPPED_STEP_DEFAULTS.cost_model, "kernel cost model"),
     ("string", "disco_cache_dir", None, "plan cache (default ~/.cache/disco_xla)"),
-    ("boolean", "disco_cache", DEFAULTS.use_cache, "use the plan cache"),
+    ("boolean", "disco_cache", WRAPPED_STEP_DEFAULTS.use_cache, "use the plan cache"),
     (
         "boolean",
         "disco_check_speed",
-        DEFAULTS.check_speed,
+        WRAPPED_STEP_DEFAULTS.check_speed,
         "time the candidates on the first call and run the fastest (or the original)",
     ),
     (
         "integer",
         "disco_candidates",
-        DEFAULTS.candidates,
+        WRAPPED_STEP_DEFAULTS.candidates,
         "the search's best plans timed on the first call",
     ),
     (
         "boolean",
         "disco_background",
-        DEFAULTS.background,
+        WRAPPED_STEP_DEFAULTS.background,
         "search, compile and time the candidates off the step's critical path",
     ),
     (
@@ -95,7 +110,7 @@ _FLAG_DEFINITIONS: tuple[tuple[str, str, object, str], ...] = (
     (
         "float",
         "disco_measure_budget_s",
-        DEFAULTS.measure_budget_s,
+        WRAPPED_STEP_DEFAULTS.measure_budget_s,
         "wall-clock cap on timing the candidates, seconds",
     ),
 )
@@ -218,7 +233,7 @@ def _replace_jax_transforms(hook_flags: HookFlags) -> None:
 
 def _write_report(path: str, wrapped: list) -> None:
     """Write what each wrapped step that was called ran: its name, `status()`,
-    `measurements()` and plans, as JSON."""
+    its cluster `profile()` and why, `measurements()` and plans, as JSON."""
     import jax
 
     if not wrapped:  # nothing was optimised here (the launcher of a multi-process job)
@@ -227,6 +242,7 @@ def _write_report(path: str, wrapped: list) -> None:
         {
             "name": function.__name__,
             "status": function.status(),
+            "profile": function.profile(),
             "measurements": function.measurements(),
             "plans": [json.loads(plan.to_json()) for plan in function.plans()],
         }

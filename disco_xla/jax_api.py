@@ -20,6 +20,13 @@ fingerprint (where they differ, every rank runs the original), rank 0 finds the
 plan and shares it, and the ranks agree on which programs each could build, on
 every verdict, and on the times (averaged over the ranks), so all of them run
 the same program.
+
+The cluster profile defaults to `cluster="auto"`: on the first call the step's
+devices are read (`jax_devices`: platform, device kind, devices per process,
+processes) and the shipped profile they call for is used
+(`simulator.profile_choice`); `profile()` names it and says why. Where none
+fits (an unknown GPU), a data-parallel signature runs the original, and its
+status and one warning say how to write a profile.
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ from disco_xla.jax_trial import (
 from disco_xla.planning import has_cross_device_all_reduces, prepared
 from disco_xla.runtime.agreement import process_count
 from disco_xla.runtime.jax_program import kept_arguments
-from disco_xla.settings import DEFAULTS, OptimizeSettings
+from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
+from disco_xla.simulator.profile_choice import MIXED_KINDS, DeviceDescription
 from disco_xla.trial import is_fallback
 from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep, one_line
 
@@ -86,6 +94,8 @@ class OptimizedFunction(WrappedStep):
         if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self._original(*args, **kwargs)  # inside an outer transformation
         compiled = self._by_signature.get(signature)
+        if compiled is None and self._settings.cluster == AUTO_CLUSTER:
+            self._resolve_cluster(jax_devices)  # once: the devices of the first call
         if compiled is None and self._settings.background:
             call = CallArguments(self, args, kwargs, leaves, signature.tree)
             compiled, result = self._first_in_background(call)
@@ -234,7 +244,7 @@ class OptimizedFunction(WrappedStep):
         (`JaxTrial`): every rank builds the candidate programs, keeps those all
         ranks agree compute the same as the original, and of those runs the
         fastest, timed beside the original; else the original."""
-        step, settings = next(_prepared_steps), self._settings
+        step, settings = next(_prepared_steps), self._planning_settings()
         wait_s = waiting_s(settings)
         agree_on_module(self.__name__, module, step, wait_s)
         # rank 0's plan: on failure, every rank raises here
@@ -322,6 +332,19 @@ def _layout_of(sharding, rank: int) -> Any:
         return sharding
 
 
+def jax_devices() -> DeviceDescription:
+    """What `cluster="auto"` reads of JAX's devices in this process: the
+    platform and kind of its local devices, how many, and the processes."""
+    local = jax.local_devices()
+    kinds = dict.fromkeys(device.device_kind for device in local)
+    return DeviceDescription(
+        platform=local[0].platform,
+        device_kind=MIXED_KINDS.join(kinds),
+        local_device_count=len(local),
+        process_count=jax.process_count(),
+    )
+
+
 def _warn(function: OptimizedFunction, why: str) -> None:
     """One warning per function and reason (a new signature with the same problem
     does not warn again)."""
@@ -331,21 +354,23 @@ def _warn(function: OptimizedFunction, why: str) -> None:
 def jit(
     fn: Callable | None = None,
     *,
-    cluster: str = DEFAULTS.cluster,
-    budget_s: float = DEFAULTS.budget_s,
-    max_evaluations: int = DEFAULTS.max_evaluations,
-    seed: int = DEFAULTS.seed,
-    cost_model: str = DEFAULTS.cost_model,
-    cache_dir: str | None = DEFAULTS.cache_dir,
-    use_cache: bool = DEFAULTS.use_cache,
-    check_speed: bool = DEFAULTS.check_speed,
-    candidates: int = DEFAULTS.candidates,
-    measure_budget_s: float = DEFAULTS.measure_budget_s,
-    background: bool = DEFAULTS.background,
+    cluster: str = WRAPPED_STEP_DEFAULTS.cluster,
+    budget_s: float = WRAPPED_STEP_DEFAULTS.budget_s,
+    max_evaluations: int = WRAPPED_STEP_DEFAULTS.max_evaluations,
+    seed: int = WRAPPED_STEP_DEFAULTS.seed,
+    cost_model: str = WRAPPED_STEP_DEFAULTS.cost_model,
+    cache_dir: str | None = WRAPPED_STEP_DEFAULTS.cache_dir,
+    use_cache: bool = WRAPPED_STEP_DEFAULTS.use_cache,
+    check_speed: bool = WRAPPED_STEP_DEFAULTS.check_speed,
+    candidates: int = WRAPPED_STEP_DEFAULTS.candidates,
+    measure_budget_s: float = WRAPPED_STEP_DEFAULTS.measure_budget_s,
+    background: bool = WRAPPED_STEP_DEFAULTS.background,
     **jit_kwargs: Any,
 ) -> Any:
     """Like `jax.jit(fn, **jit_kwargs)`, for a data-parallel training step, with
-    disco-xla's plan for `cluster` applied. `fn` may already be transformed
+    disco-xla's plan for `cluster` applied: a profile name or YAML path, or
+    "auto" (the default), the shipped profile this process's devices call for,
+    read on the first call (`profile()` says which and why). `fn` may already be transformed
     (`jax.pmap(step, axis_name=...)`, `jax.jit(shard_map(...))`), in which case no
     jit keyword arguments are taken. Usable as `@disco_xla.jit` or
     `@disco_xla.jit(cluster=...)`.

@@ -118,7 +118,7 @@ class BackgroundTrial:
             module = prepared(module)
         except Exception as error:  # noqa: BLE001
             raise RuntimeError(f"could not capture the step: {one_line(error)}") from None
-        settings = function._settings
+        settings = function._planning_settings()  # raises where no profile fits
         wait_s = waiting_s(settings)
         agree_on_module(function.__name__, module, self.step, wait_s)
         choice = shared_choice(module, settings, self.step, wait_s)

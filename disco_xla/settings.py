@@ -5,14 +5,23 @@ all read their defaults from here. Plain data: it imports nothing of disco-xla."
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+
+# The cluster profile that the devices a step runs on call for, read on its
+# first call (`simulator.profile_choice.choose_profile`): the default of the
+# entry points that run the step, `disco_xla.jit`, `disco_xla.tf_function` and
+# the env hook. Where no devices are at hand (a search over a captured module,
+# the CLI) a profile must be named.
+AUTO_CLUSTER = "auto"
 
 
 @dataclass(frozen=True)
 class OptimizeSettings:
     """What a search is asked for, and how its candidates are measured."""
 
-    cluster: str = "cpu-local"  # a profile name or a YAML path
+    # A profile name, a YAML path, either rescaled ("NAME@NODESxDEVICES"), or
+    # AUTO_CLUSTER where the step's devices are read (`WRAPPED_STEP_DEFAULTS`).
+    cluster: str = "cpu-local"
     budget_s: float = 30.0  # wall-clock search budget
     max_evaluations: int = 300  # plan evaluations; with the seed, what makes plans reproducible
     alpha: float = 1.05  # the search's relaxation: explore plans up to alpha x the best
@@ -45,3 +54,6 @@ class OptimizeSettings:
 
 
 DEFAULTS = OptimizeSettings()
+# The defaults of the entry points that wrap a step and run it (`disco_xla.jit`,
+# `disco_xla.tf_function`, the env hook): the profile is read from the devices.
+WRAPPED_STEP_DEFAULTS = replace(DEFAULTS, cluster=AUTO_CLUSTER)

@@ -26,17 +26,24 @@ how the plan cache's recorded choice is reused are the same as for
 How the module's parameters and results map onto the function's inputs,
 outputs and variables, and when the original runs because they cannot be
 paired: `tf_trial`.
+
+The cluster profile defaults to `cluster="auto"`, as for `disco_xla.jit`, read
+from TensorFlow's devices on the first call (`tf_devices`): the GPUs' kind as
+TensorFlow reports it (`get_device_details`), else the CPU; one process, or as
+many as `TF_CONFIG` names workers (a `MultiWorkerMirroredStrategy` job).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable
 from typing import Any
 
 from disco_xla.hlo.graph import HloModule
-from disco_xla.settings import DEFAULTS, OptimizeSettings
+from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
+from disco_xla.simulator.profile_choice import MIXED_KINDS, DeviceDescription
 from disco_xla.tf_trial import (
     TfTrial,
     bound_arguments,
@@ -106,6 +113,8 @@ class TfFunction(WrappedStep):
                 _warn(self, status, depth=1)
             return self._original(*args, **kwargs)
         signature = self._by_signature.get(key)
+        if signature is None and self._settings.cluster == AUTO_CLUSTER:
+            self._resolve_cluster(tf_devices)  # once: the devices of the first call
         if signature is None:
             signature, result = self._first_call(concrete_function, flat, args, kwargs)
             self._by_signature[key] = signature
@@ -153,6 +162,32 @@ class TfFunction(WrappedStep):
         return HloModule.from_bytes(data, f"<tf:{self.__name__}>", "memory")
 
 
+def tf_devices() -> DeviceDescription:
+    """What `cluster="auto"` reads of TensorFlow's devices: the local GPUs and
+    their kind, else the logical CPU devices; the processes `TF_CONFIG` names
+    (its chief and workers), else one."""
+    import tensorflow as tf
+
+    processes = _tf_config_processes()
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        details = [tf.config.experimental.get_device_details(gpu) for gpu in gpus]
+        kinds = dict.fromkeys(detail.get("device_name", "unnamed GPU") for detail in details)
+        return DeviceDescription("gpu", MIXED_KINDS.join(kinds), len(gpus), processes)
+    cpus = tf.config.list_logical_devices("CPU")
+    return DeviceDescription("cpu", "cpu", len(cpus), processes)
+
+
+def _tf_config_processes() -> int:
+    """The chief and workers of the `TF_CONFIG` job description, or 1."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+        count = sum(len(cluster.get(task, [])) for task in ("chief", "worker"))
+    except (ValueError, AttributeError, TypeError):
+        return 1
+    return max(1, count)
+
+
 def _warn(function: TfFunction, why: str, depth: int = 2) -> None:
     """Warn, pointing at the user's call: `depth` of our frames lie between
     this function and it."""
@@ -162,20 +197,22 @@ def _warn(function: TfFunction, why: str, depth: int = 2) -> None:
 def tf_function(
     fn: Callable | None = None,
     *,
-    cluster: str = DEFAULTS.cluster,
-    budget_s: float = DEFAULTS.budget_s,
-    max_evaluations: int = DEFAULTS.max_evaluations,
-    seed: int = DEFAULTS.seed,
-    cost_model: str = DEFAULTS.cost_model,
-    cache_dir: str | None = DEFAULTS.cache_dir,
-    use_cache: bool = DEFAULTS.use_cache,
-    check_speed: bool = DEFAULTS.check_speed,
-    candidates: int = DEFAULTS.candidates,
-    measure_budget_s: float = DEFAULTS.measure_budget_s,
+    cluster: str = WRAPPED_STEP_DEFAULTS.cluster,
+    budget_s: float = WRAPPED_STEP_DEFAULTS.budget_s,
+    max_evaluations: int = WRAPPED_STEP_DEFAULTS.max_evaluations,
+    seed: int = WRAPPED_STEP_DEFAULTS.seed,
+    cost_model: str = WRAPPED_STEP_DEFAULTS.cost_model,
+    cache_dir: str | None = WRAPPED_STEP_DEFAULTS.cache_dir,
+    use_cache: bool = WRAPPED_STEP_DEFAULTS.use_cache,
+    check_speed: bool = WRAPPED_STEP_DEFAULTS.check_speed,
+    candidates: int = WRAPPED_STEP_DEFAULTS.candidates,
+    measure_budget_s: float = WRAPPED_STEP_DEFAULTS.measure_budget_s,
     **tf_function_kwargs: Any,
 ) -> Any:
     """Like `tf.function(fn, jit_compile=True, **tf_function_kwargs)`, for a
-    training step, with disco-xla's plan for `cluster` applied. `fn` may already
+    training step, with disco-xla's plan for `cluster` applied: a profile name
+    or YAML path, or "auto" (the default), the shipped profile TensorFlow's
+    devices call for (`tf_devices`; `profile()` says which). `fn` may already
     be a `tf.function` (it must have `jit_compile=True`), in which case no
     tf.function keyword arguments are taken. With `check_speed` the original is
     kept where it runs faster (timed on the first call). Usable as

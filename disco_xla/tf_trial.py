@@ -96,8 +96,9 @@ class TfTrial(Trial):
         args: tuple,
         kwargs: dict,
     ):
-        choice = find_plan(module, function._settings, compile_separately)
-        super().__init__(module, choice, function._settings)
+        settings = function._planning_settings()  # raises where no profile fits
+        choice = find_plan(module, settings, compile_separately)
+        super().__init__(module, choice, settings)
         self.function, self.layout, self.concrete_function = function, layout, concrete_function
         self.flat_arguments, self.args, self.kwargs = flat_arguments, args, kwargs
         self.steps: dict[str, Any] = {}  # label -> its optimised step, once timed

@@ -1,19 +1,29 @@
 """What `disco_xla.jit` and `disco_xla.tf_function` share: a wrapped training step
 that keeps the original, the settings, and one record per argument signature
-(what it runs, and with which plan), and the warning they give when they run
-the original because something failed. Their trial is `trial.Trial`."""
+(what it runs, and with which plan), the cluster profile its plans are priced
+on (`cluster="auto"` read from the devices on the first call), and the warning
+they give when they run the original because something failed. Their trial is
+`trial.Trial`."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
+from collections.abc import Callable
 from typing import Any
 
-from disco_xla.settings import OptimizeSettings
+from disco_xla.settings import AUTO_CLUSTER, OptimizeSettings
+from disco_xla.simulator.profile_choice import DeviceDescription, ProfileChoice, choose_profile
 
 
 class DiscoFallbackWarning(RuntimeWarning):
     """disco-xla runs the original program, for the reason given."""
+
+
+class NoProfileError(RuntimeError):
+    """`cluster="auto"` found no cluster profile for the devices; the message
+    says why and how to write one."""
 
 
 class WrappedStep:
@@ -26,10 +36,44 @@ class WrappedStep:
         self._settings = settings
         self._by_signature: dict[Any, Any] = {}
         self._warned: set[str] = set()
+        self._profile_choice: ProfileChoice | None = None  # what "auto" resolved to
         functools.update_wrapper(self, original, updated=())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._original, name)
+
+    def profile(self) -> str:
+        """The cluster profile the plans are priced on, and why: 'profile NAME
+        (auto: REASON)' where `cluster="auto"` read it from the devices,
+        'profile NAME (named)' where the caller named it."""
+        if self._profile_choice is not None:
+            return self._profile_choice.describe()
+        if self._settings.cluster == AUTO_CLUSTER:
+            return "profile auto (the devices are read on the first call)"
+        return f"profile {self._settings.cluster} (named)"
+
+    def _resolve_cluster(self, read_devices: Callable[[], DeviceDescription]) -> None:
+        """Where the settings say `cluster="auto"`, read the devices once and put
+        the profile they call for in its place (`choose_profile`): every later
+        search, cache key and measurement names that profile. Where none fits,
+        the settings keep "auto" and planning refuses (`_planning_settings`)."""
+        if self._settings.cluster != AUTO_CLUSTER or self._profile_choice is not None:
+            return
+        try:
+            choice = choose_profile(read_devices())
+        except Exception as error:  # noqa: BLE001 - never break training
+            choice = ProfileChoice(None, f"could not read the devices: {one_line(error)}")
+        self._profile_choice = choice
+        if choice.cluster is not None:
+            self._settings = dataclasses.replace(self._settings, cluster=choice.cluster)
+
+    def _planning_settings(self) -> OptimizeSettings:
+        """The settings a data-parallel signature's plan is found with. Raises
+        NoProfileError where `cluster="auto"` found no profile for the devices
+        (the signature then runs the original, its status saying why)."""
+        if self._settings.cluster == AUTO_CLUSTER:
+            raise NoProfileError(self.profile())
+        return self._settings
 
     def status(self) -> list[str]:
         """What each signature seen so far runs, in the order they were seen:
@@ -70,5 +114,8 @@ class WrappedStep:
 
 
 def one_line(error: BaseException) -> str:
-    """An exception as one line of at most 300 characters, with its type."""
+    """An exception as one line of at most 300 characters, with its type; a
+    `NoProfileError` as its message, whole (it says how to write a profile)."""
+    if isinstance(error, NoProfileError):
+        return " ".join(str(error).split())
     return " ".join(f"{type(error).__name__}: {error}".split())[:300]

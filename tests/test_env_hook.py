@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from disco_xla.env_hook import parse_flags
-from disco_xla.settings import DEFAULTS
+from disco_xla.settings import DEFAULTS, WRAPPED_STEP_DEFAULTS
 
 
 def test_flags_are_parsed_with_their_defaults():
@@ -23,6 +23,9 @@ def test_flags_are_parsed_with_their_defaults():
     # Every other setting is the one default of `settings.DEFAULTS`.
     assert flags.settings() == replace(DEFAULTS, cluster="v100-2x8-25g", budget_s=5.0)
     assert not parse_flags("").enable
+    # Unless named, the profile is read from the devices each step runs on.
+    assert parse_flags("--disco_enable").settings() == WRAPPED_STEP_DEFAULTS
+    assert WRAPPED_STEP_DEFAULTS.cluster == "auto"
     measured = parse_flags("--disco_candidates=2 --disco_measure_budget_s=7.5").settings()
     assert (measured.candidates, measured.measure_budget_s) == (2, 7.5)
 
@@ -81,6 +84,7 @@ _UNMODIFIED_SCRIPT = """
     def first_words(function):  # 'optimized (buckets only ...)' -> 'optimized'
         return [s.split(" (")[0] for s in getattr(function, "status", lambda: ["plain jax"])()]
     print("STATUS", first_words(step), first_words(sine))
+    print("PROFILE", step.profile() if hasattr(step, "profile") else "plain jax")
     np.savez("{out}", *[np.asarray(x) for x in jax.tree_util.tree_leaves(outputs)])
 """
 
@@ -95,6 +99,11 @@ def test_an_unmodified_script_runs_optimized_and_computes_the_same(tmp_path):
     optimized = _python(_UNMODIFIED_SCRIPT.format(out=tmp_path / "hook.npz"), flags)
     assert optimized.returncode == 0, optimized.stderr[-2000:]
     assert "STATUS ['optimized'] ['not data-parallel']" in optimized.stdout
+    # --disco_cluster defaults to auto: 4 CPU devices in one process.
+    assert (
+        "PROFILE profile cpu-local-inprocess (auto: 4 CPU devices in one process)"
+        in optimized.stdout
+    )
     plain = _python(_UNMODIFIED_SCRIPT.format(out=tmp_path / "plain.npz"), None)
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert "STATUS ['plain jax'] ['plain jax']" in plain.stdout

@@ -277,6 +277,24 @@ def test_decorator_with_and_without_arguments(tmp_path):
     assert configured.last_used == "optimized"
     assert result["nothing"] is None
     assert compare_outputs([np.sum(x.numpy()) * 2.0], [result["total"].numpy()]).equal
+    # cluster="auto" by default: TensorFlow's CPU, one process.
+    cpus = len(tf.config.list_logical_devices("CPU"))
+    assert configured.profile() == (
+        f"profile cpu-local-inprocess (auto: {cpus} CPU devices in one process)"
+    )
+
+
+def test_auto_counts_the_processes_tf_config_names(monkeypatch):
+    from disco_xla.tf_api import tf_devices
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    alone = tf_devices()
+    assert (alone.platform, alone.process_count) == ("cpu", 1)
+    job = {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "task": {"type": "chief"}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(job))
+    assert tf_devices().process_count == 3
+    monkeypatch.setenv("TF_CONFIG", "not json")
+    assert tf_devices().process_count == 1
 
 
 def test_an_argument_xla_needs_as_a_constant_falls_back_with_the_reason(tmp_path):

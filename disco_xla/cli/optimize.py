@@ -28,7 +28,11 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         "optimize", parents=[common], help="search for the plan with the lowest simulated time"
     )
     optimize.add_argument("file")
-    optimize.add_argument("--cluster", required=True, help="profile name or YAML path")
+    optimize.add_argument(
+        "--cluster",
+        required=True,
+        help="profile name or YAML path, either as NAME@NODESxDEVICES at another scale",
+    )
     optimize.add_argument(
         "--budget-s", type=float, default=DEFAULTS.budget_s, help="search time budget"
     )

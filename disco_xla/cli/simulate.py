@@ -28,7 +28,11 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         "simulate", parents=[common], help="simulate one training iteration of a plan"
     )
     simulate.add_argument("file", help="HLO module of a data-parallel training step")
-    simulate.add_argument("--cluster", required=True, help="profile name or YAML path")
+    simulate.add_argument(
+        "--cluster",
+        required=True,
+        help="profile name or YAML path, either as NAME@NODESxDEVICES at another scale",
+    )
     simulate.add_argument(
         "--plan",
         action="append",

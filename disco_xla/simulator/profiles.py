@@ -33,18 +33,25 @@ ms to a step on 2 gloo processes and 5.4-5.8 ms on 4 (benchmarks/BENCHMARKS.md,
 "What a collective adds to a step on 2 and on 4 gloo processes"), so a module is
 priced with the figures measured at its own worker count where the profile has
 them (`ClusterProfile.for_workers`, `load_profile(..., workers=)`).
+
+A profile of vendor figures can be named at another scale, `NAME@NODESxDEVICES`
+(`h100-32x8-ib400@4x8`: 4 nodes of 8 devices, the same GPU, links and network
+adapters; `rescaled`). A profile measured by `disco-xla calibrate` cannot: its
+figures hold at the worker counts it was measured at.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
 from disco_xla.errors import DiscoInputError
+from disco_xla.settings import AUTO_CLUSTER
 from disco_xla.simulator.gpu_profile import (
     MeasuredDevice,
     NcclNetwork,
@@ -222,10 +229,33 @@ def available_profiles() -> list[str]:
     return sorted(names)
 
 
+# A profile named at another scale: "NAME@NODESxDEVICES" (`rescaled`).
+_AT_SCALE = re.compile(r"(?P<base>.+)@(?P<nodes>[0-9]+)x(?P<devices_per_node>[0-9]+)")
+
+
+def at_scale(name_or_path: str, nodes: int, devices_per_node: int) -> str:
+    """The reference `load_profile` reads as the profile `name_or_path` with
+    `nodes` nodes of `devices_per_node` devices (`rescaled`)."""
+    return f"{name_or_path}@{nodes}x{devices_per_node}"
+
+
 def load_profile(name_or_path: str, workers: int | None = None) -> ClusterProfile:
-    """A profile by name (see `available_profiles`) or by path to a YAML file;
-    with `workers`, as measured at that worker count where it has figures for
-    it (`ClusterProfile.for_workers`)."""
+    """A profile by name (see `available_profiles`) or by path to a YAML file,
+    either of them at another scale as `NAME@NODESxDEVICES` (`rescaled`); with
+    `workers`, as measured at that worker count where it has figures for it
+    (`ClusterProfile.for_workers`)."""
+    if name_or_path == AUTO_CLUSTER:
+        raise DiscoInputError(
+            AUTO_CLUSTER,
+            "the profile is read from the devices only where a step runs (disco_xla.jit, "
+            "disco_xla.tf_function, DISCO_XLA_FLAGS); here name one: "
+            f"{', '.join(available_profiles())}, or a path to a YAML file",
+        )
+    scaled = _AT_SCALE.fullmatch(name_or_path)
+    if scaled is not None:
+        base = load_profile(scaled["base"])
+        profile = rescaled(base, int(scaled["nodes"]), int(scaled["devices_per_node"]))
+        return profile.for_workers(workers) if workers else profile
     path = Path(name_or_path)
     if not (name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path):
         for directory in profile_directories():
@@ -241,6 +271,30 @@ def load_profile(name_or_path: str, workers: int | None = None) -> ClusterProfil
             )
     profile = profile_from_dict(_yaml_file(path), str(path))
     return profile.for_workers(workers) if workers else profile
+
+
+def rescaled(profile: ClusterProfile, nodes: int, devices_per_node: int) -> ClusterProfile:
+    """`profile`'s machine with `nodes` nodes of `devices_per_node` devices: the
+    same device, links and all-reduce algorithm. A node keeps its network
+    adapters, at most one per device it holds (`nccl.nics_per_node`). Only a
+    profile of vendor figures scales; one with figures measured at its own
+    worker counts (`calibration`, `other_worker_counts`) is refused, unless
+    asked for at its own topology."""
+    where = at_scale(profile.name, nodes, devices_per_node)
+    if nodes < 1 or devices_per_node < 1:
+        raise DiscoInputError(where, "a profile needs at least one node of one device")
+    if (nodes, devices_per_node) == (profile.nodes, profile.devices_per_node):
+        return profile
+    if profile.all_reduce_points or profile.collective_points or profile.by_worker_count:
+        raise DiscoInputError(
+            where,
+            f"{profile.name} holds figures measured at {profile.workers} workers; measure the "
+            "others with `disco-xla calibrate --add-to` instead of rescaling it",
+        )
+    nccl = profile.nccl
+    if nccl is not None:
+        nccl = replace(nccl, nics_per_node=min(nccl.nics_per_node, devices_per_node))
+    return replace(profile, name=where, nodes=nodes, devices_per_node=devices_per_node, nccl=nccl)
 
 
 def profile_data(path: str | os.PathLike) -> dict:

@@ -40,3 +40,22 @@ def test_verbose_shows_the_traceback(tmp_path):
     result = run_cli("inspect", str(path), "--verbose")
     assert result.returncode == 2
     assert "Traceback" in result.stderr and "the file is empty" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "cluster, problem",
+    [("auto", "read from the devices"), ("cpu-local@2x4", "measured at 2 workers")],
+)
+def test_a_cluster_the_command_cannot_price_with_gives_one_line_and_exit_2(
+    tmp_path, cluster, problem
+):
+    # An HLO file names no devices: `auto` is for the entry points that run a step.
+    path = tmp_path / "negate.hlo"
+    path.write_text(
+        "HloModule m\n\nENTRY main {\n  p = f32[4] parameter(0)\n  ROOT n = f32[4] negate(p)\n}\n"
+    )
+    result = run_cli("optimize", str(path), "--cluster", cluster, "-o", str(tmp_path / "p.json"))
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"disco-xla: error: {cluster}: ") and problem in line
+    assert "Traceback" not in result.stderr
