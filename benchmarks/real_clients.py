@@ -6,7 +6,10 @@ a sample of its final parameters, and its step or epoch times. For each client
 this prints the median step (or epoch) time under the hook against plain, the
 first step's time against plain (the first call's overhead: capture, search,
 compiles and trial), the peak resident memory of the process against plain, and
-what the hook ran (`--disco_report`). One-process clients run on 2 host CPU
+what the hook ran (`--disco_report`). `CLIENTS` lists them: library styles
+(sharded `jax.jit`, Keras `model.fit`, Flax NNX and Linen, pmap, Optax's
+`MultiSteps`), an evaluation and a checkpoint between steps, and a smaller last
+batch that traces the step again. One-process clients run on 2 host CPU
 devices; `distributed_mlp` runs as 4 `jax.distributed` processes through
 `disco-xla launch`, priced with `cpu-local`.
 
@@ -50,6 +53,11 @@ CLIENTS = {
     "pmap_donate": Client("pmap_donate.py", long_arguments=("--steps", "8000")),
     "distributed_mlp": Client(
         "distributed_mlp.py", processes=4, long_arguments=("--steps", "1500")
+    ),
+    "flax_linen_checkpoint": Client("flax_linen_checkpoint.py"),
+    "optax_multisteps": Client("optax_multisteps.py"),
+    "ragged_last_batch": Client(
+        "ragged_last_batch.py", ("--epochs", "3"), 1, "epoch_s", ("--epochs", "600")
     ),
 }
 

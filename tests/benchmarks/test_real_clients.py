@@ -18,6 +18,9 @@ TRAIN_STEPS = {
     "flax_nnx": ("train_step", False),  # nnx.jit donates nothing unless asked
     "pmap_donate": ("step", True),
     "distributed_mlp": ("train_step", True),
+    "flax_linen_checkpoint": ("train_step", True),
+    "optax_multisteps": ("train_step", False),  # as Optax's examples jit it: no donation
+    "ragged_last_batch": ("train_step", True),
 }
 
 
