@@ -88,6 +88,27 @@ def test_a_donating_step_runs_rewritten_and_consumes_what_jax_consumes(mesh, pla
     assert report[chosen]["peak_bytes"] <= 1.02 * report["original"]["peak_bytes"], report
 
 
+def test_a_weakly_typed_result_comes_back_weak_and_the_step_is_traced_once(mesh, tmp_path):
+    """A step counter kept as a weakly typed scalar (as Flax's TrainState
+    keeps `step`): the rewritten program returns it weak, as JAX does, so
+    the next call has the same signature."""
+
+    def counted(state, batch):
+        params, step = state
+        return _update(params, batch), step + 1
+
+    optimized = disco_xla.jit(counted, donate_argnums=0, cache_dir=str(tmp_path), **SEARCH)
+    params, batches = _state(mesh)
+    state = (params, jax.device_put(jnp.asarray(0), NamedSharding(mesh, P())))
+    plain = jax.jit(counted)(state, batches[0])[1]
+    assert state[1].weak_type and plain.weak_type
+    for batch in batches:
+        state = optimized(state, batch)
+    assert state[1].weak_type and int(state[1]) == len(batches)
+    (status,) = optimized.status()  # one signature
+    assert status.startswith("optimized"), status
+
+
 def test_the_speed_check_times_a_donating_step_on_copies(mesh, plain, tmp_path):
     optimized = disco_xla.jit(
         _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10, background=False

@@ -71,7 +71,12 @@ class RewrittenStep:
         # results in Python cost about a millisecond per step on the zoo models).
         self._copy_semantics = [xla_client.ArrayCopySemantics.REUSE_INPUT] * len(in_shardings)
         self._results = pxla.global_avals_to_results_handler(
-            [core.ShapedArray(tuple(a.shape), a.dtype) for a in out_avals],
+            # Weak types kept: a weakly typed result (a step counter, say) that
+            # came back strong would be a new signature on the next call.
+            [
+                core.ShapedArray(tuple(a.shape), a.dtype, weak_type=getattr(a, "weak_type", False))
+                for a in out_avals
+            ],
             self._out_shardings,
             committed=True,
         ).handlers
@@ -111,6 +116,14 @@ def kept_arguments(lowered) -> list[int]:
     return sorted(lowered._lowering.compile_args["kept_var_idx"])
 
 
+def result_avals(lowered) -> list:
+    """A lowered step's flattened results as JAX's own call returns them, weak
+    types included (`Lowered.out_info` drops them: a weakly typed step counter
+    would come back strong, a new signature on the next call)."""
+    avals = lowered._lowering.compile_args.get("global_out_avals")
+    return list(avals) if avals is not None else jax.tree_util.tree_leaves(lowered.out_info)
+
+
 def with_aliases_of(module: HloModule, executable) -> HloModule:
     """`module` (a rewrite of a step's module) with the input/output aliases
     that XLA gave the step's own compile, `executable`: the same arguments'
@@ -139,7 +152,7 @@ def standing_in_for(
         jax.tree_util.tree_leaves(executable.input_shardings),
         [avals[i] for i in kept_arguments(lowered)],
         jax.tree_util.tree_leaves(executable.output_shardings),
-        jax.tree_util.tree_leaves(lowered.out_info),
+        result_avals(lowered),
         disabled_passes,
     )
 
