@@ -29,10 +29,10 @@
    (`expert_pipelining`: where `xla-tuned` pipelines loop collectives, XLA
    pipelines the rewritten program's too), and the fastest of them is the
    found plan: never slower than a baseline run the same way.
-6. What a checking entry point would run (`ablation`): the found plan over
-   XLA's own fusion where its fusion departs (that changes results), or the
-   fastest baseline plan that keeps XLA's fusion, whichever is faster; and, with
-   the ablations, the found plan with each dimension in turn set as
+6. With the ablations, what a checking entry point would run (`ablation`):
+   the found plan over XLA's own fusion where its fusion departs (that changes
+   results), or the fastest plan searched or baseline that keeps XLA's fusion,
+   whichever is faster; and the found plan with each dimension in turn set as
    `xla-tuned` has it.
 
 T_ideal = max(C, A) uses for C the kernel time of XLA's fusion (the
@@ -123,8 +123,9 @@ class PlanComparison:
     # Each baseline's plan and its simulated seconds as the rewrite would run it
     # (for 'xla', as XLA runs it: XLA's own program): the candidates to measure.
     baseline_plans: dict[str, tuple[Plan, float]]
-    # The plan a checking entry point would run (`ablation.realisable_plan`)
-    # and its seconds as the rewrite runs it; None without XLA's fusion.
+    # With the ablations: the plan a checking entry point would run
+    # (`ablation.realisable_plan`) and its seconds as the rewrite runs it; None
+    # without them or without XLA's fusion.
     realisable: tuple[Plan, float] | None = None
     # With the ablations: the found plan's seconds with each dimension where it
     # departs from `xla-tuned` set as `xla-tuned` has it (`ablation.leave_one_out`).
@@ -179,15 +180,13 @@ def plan_module(
     for label, found in searches.items():
         results[label] = run.rewritten(found.plan)
     rows = {name: results[name] for name in ROWS if name in results}
-    if not baselines:
+    if not (ablations and baselines):
         return PlanComparison(baselines, fusion, rows, searches, baseline_plans)
     others = [(s, p) for name, (p, s) in baseline_plans.items() if name != "xla"]
     others += [(results[label].iteration_s, f.plan) for label, f in searches.items()]
     realisable = run.realisable(searches["found"].plan, baselines["xla-nocombine"].plan, others)
-    without = {}
-    if ablations:
-        expert = baselines["xla-tuned"].plan
-        without = leave_one_out(searches["found"].plan, expert, run.rewritten_s)
+    expert = baselines["xla-tuned"].plan
+    without = leave_one_out(searches["found"].plan, expert, run.rewritten_s)
     return PlanComparison(baselines, fusion, rows, searches, baseline_plans, realisable, without)
 
 
@@ -366,12 +365,13 @@ class _Runs:
         realisable part (`ablation.realisable_plan`), the same without its
         chunks (whose dots XLA's groups may hold otherwise), and `others`
         (seconds as the rewrite runs each, plan) that keep XLA's fusion."""
+        options = [(s, p) for s, p in others if not departs_from(p, xla_fusion, "fusion")]
         kept = realisable_plan(found, xla_fusion)
-        options = [(self.rewritten_s(kept), kept)]
-        if kept.chunked_collectives and kept is not found:
-            unchunked = replace(kept, chunked_collectives=())
-            options.append((self.rewritten_s(unchunked), unchunked))
-        options += [(s, p) for s, p in others if not departs_from(p, xla_fusion, "fusion")]
+        if kept is not found:  # `found` itself, where it keeps XLA's fusion, is in `others`
+            options.append((self.rewritten_s(kept), kept))
+            if kept.chunked_collectives:
+                unchunked = replace(kept, chunked_collectives=())
+                options.append((self.rewritten_s(unchunked), unchunked))
         seconds, plan = min(options, key=lambda pair: pair[0])
         return plan, seconds
 
