@@ -7,13 +7,44 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
-import jax
-import pytest
+
+def _share_compiles_within_the_run() -> str | None:
+    """JAX's persistent compilation cache, in a directory of this run's own,
+    set before JAX starts: the pytest workers and every process a test starts
+    read the programs one of them compiled (the tiny zoo models, compiled by
+    many test files, and the rewritten programs disco-xla compiles from HLO).
+    Returns the directory where this process made it, to remove at the end."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return None
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run:  # a worker started without the controller's environment
+        directory = os.path.join(tempfile.gettempdir(), f"disco_xla_test_compiles_{run}")
+        os.makedirs(directory, exist_ok=True)
+        made = None
+    else:
+        directory = made = tempfile.mkdtemp(prefix="disco_xla_test_compiles_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    return made
+
+
+_COMPILE_CACHE_MADE = _share_compiles_within_the_run()
+
+import jax  # noqa: E402  (after the cache's environment is set)
+import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 4)
+
+
+def pytest_unconfigure(config) -> None:
+    if _COMPILE_CACHE_MADE and not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(_COMPILE_CACHE_MADE, ignore_errors=True)
+
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

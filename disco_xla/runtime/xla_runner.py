@@ -30,6 +30,7 @@ from disco_xla.hlo.hlo_io import PARTITIONER_PASS
 from disco_xla.hlo.hlo_schema import OpSharding
 from disco_xla.hlo.shapes import Shape
 from disco_xla.hlo_passes.partitions_as_replicas import PartitionsAsReplicas
+from disco_xla.runtime import persistent_cache
 
 _RECENT_COMPILES = 4
 _recent_compiles: dict[tuple, HloModule] = {}
@@ -72,7 +73,8 @@ def after_partitioning(compile_with: Callable[[dict], object], source: str) -> H
     replicas (`hlo_passes.partitions_as_replicas`). A compile that fails after
     the partitioner ran (a GPU library call, such as cuDNN's attention, that
     XLA:CPU has no kernel for: a step lowered for pricing only) still gives
-    the module the partitioner left."""
+    the module the partitioner left. The compile skips JAX's persistent
+    cache, whose hit would dump nothing."""
     with tempfile.TemporaryDirectory(prefix="disco_xla_partitioned_") as directory:
         options = {
             "xla_dump_to": directory,
@@ -82,7 +84,8 @@ def after_partitioning(compile_with: Callable[[dict], object], source: str) -> H
         }
         pattern = os.path.join(directory, f"*.after_{PARTITIONER_PASS}.*.hlo.pb")
         try:
-            compile_with(options)
+            with persistent_cache.cache_off():
+                compile_with(options)
         except Exception:
             if not glob.glob(pattern):
                 raise
@@ -182,7 +185,8 @@ def _compile(
     arguments): an aliased argument is donated to the step, and the runners run
     a step many times on the same arguments (a second run read a deleted buffer,
     and XLA then crashed). Aliases only let XLA reuse memory; the results are the
-    same."""
+    same. It does not go through JAX's persistent compilation cache
+    (`persistent_cache`)."""
     options.device_assignment = xla_client.DeviceAssignment.create(
         np.array([device.id for device in devices]).reshape(
             (len(devices), 1) if options.num_replicas > 1 else (1, len(devices))
