@@ -7,7 +7,7 @@ import shutil
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
-# The DISCO_XLA_FLAGS hook; see disco_xla/env_hook.py. Python runs site-packages'
+# The DISCO_XLA_FLAGS hook; see disco_xla/frontends/env_hook.py. Python runs site-packages'
 # .pth files in name order, and this one imports disco_xla, so it must come after
 # the files that put the package on the path (easy-install.pth, __editable__*.pth).
 HOOK = "zz_disco_xla_hook.pth"

@@ -55,9 +55,8 @@ def programs_of(
     from fusion_boundary_cost import captured
     from rank_fidelity import candidate_plans
 
-    from disco_xla.checked_rewrite import xla_own_groups
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.driver.checked_rewrite import xla_own_groups
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search import optimize
     from disco_xla.search.baselines import captured_baselines
     from disco_xla.simulator.cost_models import RooflineCostModel, boundary_charged

@@ -31,8 +31,8 @@ def measure(name: str, rounds: int) -> dict:
     from jax.sharding import Mesh
     from measure_speedup import _global_arguments, _time_paired
 
+    from disco_xla.driver.planning import prepared
     from disco_xla.hlo.graph import HloModule
-    from disco_xla.planning import prepared
     from disco_xla.runtime.jax_program import kept_arguments, standing_in_for
     from disco_xla.zoo.jax_steps import AXIS, build_jax_step
 

@@ -4,7 +4,7 @@ processes on loopback (gloo, one CPU device each), or on N devices of this one
 process, against XLA's own program.
 
 Programs, each timed in paired rounds whose order rotates
-(`runtime.apply.time_candidates`), on the same random inputs:
+(`runtime.candidate_timing.time_candidates`), on the same random inputs:
 
 - `xla`: XLA's own program (the reference; its all-reduce combiner on);
 - `gathers-xla`: the all-gather buckets XLA:GPU's combiner would make at its
@@ -67,10 +67,10 @@ def measure(module, cluster: str, rounds: int, max_evaluations: int) -> dict:
     """The row of one module: every program's median step time and outputs."""
     import jax
 
-    from disco_xla.checked_rewrite import rewrite
+    from disco_xla.driver.checked_rewrite import rewrite
     from disco_xla.plan import Plan, all_gathers
     from disco_xla.runtime.agreement import broadcast, gather
-    from disco_xla.runtime.apply import time_candidates
+    from disco_xla.runtime.candidate_timing import time_candidates
     from disco_xla.search import optimize
     from disco_xla.search.all_gather_buckets import (
         XLA_GPU_ALL_GATHER_COMBINE_BYTES,

@@ -13,7 +13,7 @@ off) and rewrites the module to enforce exactly those groups, in several ways:
 
 Each is run against the original compiled with the combiner off
 (`xla-nocombine`) on the same random inputs, paired and alternating
-(`runtime.apply.verify_rewrite`), and the outputs compared. It also counts the
+(`runtime.candidate_timing.verify_rewrite`), and the outputs compared. It also counts the
 compiled programs' instructions by opcode (what the boundaries add: copies,
 transposes, calls), and with `--trace` sums the profiler's per-thunk times by
 opcode for the original and `every-group` (which kernels slow down).
@@ -84,8 +84,8 @@ def keras_step(name: str):
 
 def captured(name: str):
     """The model's step as our IR, calls inlined as the planner sees it."""
+    from disco_xla.driver.planning import prepared
     from disco_xla.hlo.graph import HloModule
-    from disco_xla.planning import prepared
 
     if name.startswith("tf:"):
         from disco_xla.zoo.tf_steps import build_tf_step, capture_tf_step
@@ -123,8 +123,7 @@ def captured(name: str):
 
 
 def opcode_counts(module) -> dict[str, int]:
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 
     counts = Counter(i.opcode for i in compile_module(module, NO_COMBINER).instructions())
     return {opcode: counts[opcode] for opcode in COUNTED_OPCODES}
@@ -133,8 +132,8 @@ def opcode_counts(module) -> dict[str, int]:
 def traced_time_by_opcode(module, runs: int = 3) -> dict[str, float]:
     """Seconds per step of the profiler's thunks, summed by the opcode of the
     compiled instruction each is named after (over every device)."""
-    from disco_xla.runtime.apply import NO_COMBINER, _inputs
-    from disco_xla.runtime.xla_runner import program_for, random_arguments
+    from disco_xla.runtime.candidate_timing import _inputs
+    from disco_xla.runtime.xla_runner import NO_COMBINER, program_for, random_arguments
     from disco_xla.timing import traced_events
 
     program = program_for(module, DEVICES, NO_COMBINER)
@@ -150,10 +149,11 @@ def traced_time_by_opcode(module, runs: int = 3) -> dict[str, float]:
 
 
 def measure(name: str, rounds: int, trace: bool, variants=VARIANTS) -> dict:
-    from disco_xla.checked_rewrite import xla_own_groups
+    from disco_xla.driver.checked_rewrite import xla_own_groups
     from disco_xla.plan import EXPENSIVE_OPCODES, departing_groups
-    from disco_xla.runtime.apply import NO_COMBINER, apply_plan, verify_rewrite
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.apply import apply_plan
+    from disco_xla.runtime.candidate_timing import verify_rewrite
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search.xla_fusion import xla_fusion_plan
 
     module = captured(name)

@@ -30,8 +30,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from disco_xla.capture import capture_jax
-    from disco_xla.planning import prepared
-    from disco_xla.runtime.apply import compile_separately
+    from disco_xla.driver.planning import prepared
+    from disco_xla.runtime.xla_runner import compile_separately
     from disco_xla.search.fusion_model import fusion_agreement, modelled_xla_fusion
     from disco_xla.search.xla_fusion import xla_fusion_plan
     from disco_xla.zoo.jax_steps import JAX_MODELS, build_jax_step

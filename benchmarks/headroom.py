@@ -103,8 +103,7 @@ def prepare(workload: str, devices: int) -> None:
     jax.config.update("jax_num_cpu_devices", devices)
     from disco_xla.hlo.hlo_io import load_module, save_module
     from disco_xla.hlo_passes.create_reduce_scatters import CreateReduceScatters
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.zoo import capture_model
 
     captured_path, compiled_path = _paths(workload, devices)

@@ -121,6 +121,7 @@ def _worker(args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from disco_xla.errors import DiscoInputError
     from disco_xla.runtime import horovod as runtime
+    from disco_xla.runtime import horovod_trial
     from disco_xla.runtime.horovod_plan import load_plan_buckets, match_variables
 
     runtime.set_fusion_environment(runtime.FUSION_SETTINGS[_FUSION_OF.get(args.setting, "default")])
@@ -142,8 +143,8 @@ def _worker(args: argparse.Namespace) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
     if args.setting in MEASURED:
-        candidates = runtime.horovod_candidates(buckets, variables)
-        step = runtime.MeasuredHorovodStep(
+        candidates = horovod_trial.horovod_candidates(buckets, variables)
+        step = horovod_trial.MeasuredHorovodStep(
             loss_fn, variables, candidates, args.learning_rate, rounds=args.trial_rounds
         )
     else:

@@ -43,8 +43,8 @@ def main() -> None:
 
     from disco_xla.hlo.graph import HloModule
     from disco_xla.hlo.hlo_io import load_module
-    from disco_xla.runtime.apply import compare_outputs
     from disco_xla.runtime.jax_program import kept_arguments
+    from disco_xla.runtime.output_comparison import compare_outputs
     from disco_xla.zoo.jax_steps import build_jax_step
 
     step = build_jax_step(args.model, "tiny", replicas=DEVICES, global_batch=2 * DEVICES)

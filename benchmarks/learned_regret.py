@@ -17,7 +17,7 @@ For each model (captured as in `fusion_boundary_cost.py` for 4 CPU devices):
    tuple tensor at the learned costs and trusts the measured kernel times;
 4. every candidate program of `rank_fidelity.py` (baselines, the first plan, its
    buckets alone, sampled plans) and the second plan, measured together in
-   rotating rounds (`runtime.apply.time_candidates`), and simulated once as the
+   rotating rounds (`runtime.candidate_timing.time_candidates`), and simulated once as the
    first search saw them and once with what was learned.
 
 It prints each search's regret (its plan's measured time over the fastest
@@ -67,7 +67,7 @@ def learned_times(module, plans: dict, repeats: int) -> dict[str, float]:
 def simulated_times(module, plans: dict, profile, table: dict | None, xla_graph) -> dict:
     """Each plan's simulated step time (the roofline, or `table` first), and
     XLA's own program's under 'xla'."""
-    from disco_xla.checked_rewrite import xla_own_groups
+    from disco_xla.driver.checked_rewrite import xla_own_groups
     from disco_xla.simulator.cost_models import (
         RooflineCostModel,
         TableCostModel,
@@ -96,12 +96,12 @@ def measure(name: str, args, module=None) -> dict:
     from fusion_boundary_cost import captured
     from rank_fidelity import candidate_plans, distinct_programs
 
+    from disco_xla.driver.plan_cache import CandidateRecord
+    from disco_xla.driver.planning import PlanChoice, find_plan, learn_kernel_times
     from disco_xla.plan import Plan
-    from disco_xla.plan_cache import CandidateRecord
-    from disco_xla.planning import PlanChoice, find_plan, learn_kernel_times
     from disco_xla.runtime.agreement import broadcast
-    from disco_xla.runtime.apply import NO_COMBINER, compile_separately, time_candidates
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.candidate_timing import time_candidates
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module, compile_separately
     from disco_xla.search.baselines import captured_baselines
     from disco_xla.search.ranking import rank_fidelity
     from disco_xla.settings import OptimizeSettings
@@ -135,7 +135,7 @@ def measure(name: str, args, module=None) -> dict:
     run_s["original"] = original_s
 
     def second_search() -> str:
-        from disco_xla.planning import remember_measurement
+        from disco_xla.driver.planning import remember_measurement
 
         fastest = min(run_s, key=run_s.__getitem__)
         remember_measurement(choice, settings, fastest, run_s)

@@ -17,7 +17,7 @@ For each model it builds three programs from the same zoo training step
 - `disco`: `disco_xla.jit(step, cluster=...)`, which searches a plan (on rank 0),
   rewrites the module, and checks its outputs against the original's.
 
-It checks that the three compute the same outputs (`runtime.apply.compare_outputs`),
+It checks that the three compute the same outputs (`runtime.output_comparison.compare_outputs`),
 then times them paired and rotating: in round r the order is rotated by r, every
 rank runs the same order, and each step is blocked on before the next starts.
 It reports the median step time of each, the ratio of medians, and the median of
@@ -164,10 +164,9 @@ def _time_paired(
 
 def _predictions(lowered, plan, cluster: str, cost_model_name: str) -> dict:
     """Simulated iteration time of the three plans over the captured module."""
+    from disco_xla.driver.planning import prepared
     from disco_xla.hlo.graph import HloModule
-    from disco_xla.planning import prepared
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search.baselines import captured_baselines
     from disco_xla.simulator.cost_models import make_cost_model
     from disco_xla.simulator.events import simulate
@@ -224,7 +223,8 @@ def measure_model(name: str, args: argparse.Namespace, cache_dir: str) -> dict:
     from jax.sharding import Mesh
 
     import disco_xla
-    from disco_xla.runtime.apply import ALL_REDUCE_COMBINER, compare_outputs
+    from disco_xla.runtime.output_comparison import compare_outputs
+    from disco_xla.runtime.xla_runner import ALL_REDUCE_COMBINER
     from disco_xla.zoo.jax_steps import AXIS, build_jax_step
 
     processes = jax.process_count()

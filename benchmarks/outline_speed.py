@@ -40,9 +40,9 @@ def _outline_function(path: str | None):
 
 
 def measure(name: str, repeats: int, outline) -> dict:
+    from disco_xla.driver.planning import OptimizeSettings, find_plan
     from disco_xla.hlo.graph import HloModule
-    from disco_xla.planning import OptimizeSettings, find_plan
-    from disco_xla.runtime.apply import compile_separately
+    from disco_xla.runtime.xla_runner import compile_separately
     from disco_xla.zoo.tf_steps import build_tf_step
 
     step = build_tf_step(name, "tiny", batch=2)

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
+from disco_xla.driver.plan_cache import PlanCache
 from disco_xla.plan import Plan
-from disco_xla.plan_cache import PlanCache
 
 
 def _plan(index: int, instructions: int) -> Plan:

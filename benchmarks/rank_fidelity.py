@@ -14,7 +14,7 @@ Each plan becomes the program the rewrite writes for it (`checked_rewrite.rewrit
 groups that depart from XLA's fusion get a boundary); plans whose programs are the
 same count once, under the first label. `xla` is XLA's own program (combiner on),
 simulated as the `xla` baseline. Every program runs on the same random inputs in
-paired rounds whose order rotates (`runtime.apply.time_candidates`), and is
+paired rounds whose order rotates (`runtime.candidate_timing.time_candidates`), and is
 simulated with the roofline and the profile's boundary charge on --cluster, as the
 search sees it: with the figures the profile holds for the module's worker count
 (`ClusterProfile.for_workers`); where those are not its own count's, the same
@@ -102,7 +102,7 @@ def distinct_programs(module, plans: dict, wanted: int) -> tuple[dict, dict, dic
     """({label: rewritten module}, {label: plan}, {label: why it was left out})
     for the plans in order, one label per distinct program, the sampled ones only
     until `wanted` programs are there."""
-    from disco_xla.checked_rewrite import rewrite
+    from disco_xla.driver.checked_rewrite import rewrite
 
     programs, kept, left_out = {}, {}, {}
     seen = {module.fingerprint: "xla"}
@@ -127,11 +127,11 @@ def measure(name: str, args, module=None) -> dict:
     import jax
     from fusion_boundary_cost import captured
 
-    from disco_xla.checked_rewrite import xla_own_groups
+    from disco_xla.driver.checked_rewrite import xla_own_groups
     from disco_xla.plan import Plan
     from disco_xla.runtime.agreement import broadcast, gather
-    from disco_xla.runtime.apply import NO_COMBINER, time_candidates
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.candidate_timing import time_candidates
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search import optimize
     from disco_xla.search.baselines import captured_baselines
     from disco_xla.search.ranking import rank_fidelity, top_k_regret

@@ -3,7 +3,7 @@
 For each model (captured as in `fusion_boundary_cost.py`: pmap over 4 CPU devices
 in one process) it searches a plan (`search.optimize`, with XLA's own fusion
 known), then runs, on the same random inputs, in paired rounds whose order
-rotates (`runtime.apply.time_candidates`):
+rotates (`runtime.candidate_timing.time_candidates`):
 
 - `xla`: XLA's own program (all-reduce combiner on), the reference;
 - `xla-nocombine`: the module compiled with the combiner off;
@@ -48,11 +48,11 @@ def measure(name: str, cluster: str, rounds: int, max_evaluations: int, module=N
     """One model's row; `module` is its captured step (else captured here)."""
     from fusion_boundary_cost import captured
 
-    from disco_xla.checked_rewrite import rewrite, xla_own_groups
+    from disco_xla.driver.checked_rewrite import rewrite, xla_own_groups
     from disco_xla.plan import Plan, departing_groups
     from disco_xla.runtime.agreement import broadcast, gather
-    from disco_xla.runtime.apply import NO_COMBINER, time_candidates
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.candidate_timing import time_candidates
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search import optimize
     from disco_xla.search.baselines import captured_baselines
     from disco_xla.simulator.cost_models import RooflineCostModel, boundary_charged

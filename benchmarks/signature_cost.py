@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         print("signature_cost.py: set DISCO_XLA_FLAGS='--disco_enable ...'", file=sys.stderr)
         return 2
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    import disco_xla.jax_api as jax_api
+    import disco_xla.frontends.jax_api as jax_api
 
     last: dict = {}
     call = jax_api.OptimizedFunction.__call__

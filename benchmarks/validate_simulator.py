@@ -104,10 +104,11 @@ def _programs(step, arguments):
     """{plan: (run, compiled module)} of one step."""
     import jax
 
+    from disco_xla.driver.planning import prepared
     from disco_xla.hlo.graph import HloModule
-    from disco_xla.planning import prepared
-    from disco_xla.runtime.apply import ALL_REDUCE_COMBINER, NO_COMBINER, apply_plan
+    from disco_xla.runtime.apply import apply_plan
     from disco_xla.runtime.jax_program import kept_arguments, standing_in_for
+    from disco_xla.runtime.xla_runner import ALL_REDUCE_COMBINER, NO_COMBINER
 
     lowered = step.fn.lower(*arguments)
     xla = lowered.compile()
@@ -330,7 +331,7 @@ def validate_model(name: str, size: str, workers: int, args, profile) -> list[di
     from disco_xla.costmodel.weights import default_model_directory
     from disco_xla.plan import Plan
     from disco_xla.profiling.kernel_times import profile_kernel_times
-    from disco_xla.runtime.apply import compare_outputs
+    from disco_xla.runtime.output_comparison import compare_outputs
     from disco_xla.simulator.cost_models import RooflineCostModel
     from disco_xla.simulator.events import simulate
     from disco_xla.simulator.kernels import build_task_graph

@@ -43,8 +43,7 @@ def captured_and_compiled(model: str, replicas: int = 8, directory: str = CACHE_
     if os.path.exists(compiled_path):
         compiled = load_module(compiled_path)
     else:
-        from disco_xla.runtime.apply import NO_COMBINER
-        from disco_xla.runtime.xla_runner import compile_module
+        from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 
         compiled = compile_module(captured, NO_COMBINER)
         save_module(compiled, compiled_path)

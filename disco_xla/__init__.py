@@ -7,16 +7,16 @@ The public surface is small; everything else is internal and may change:
 - `load_module`, `save_module`, `capture_jax`, `capture_tf`, `HloModule`, `Plan`.
 
 Importing the package also installs the `DISCO_XLA_FLAGS` hook when that variable
-is set (see `disco_xla.env_hook`).
+is set (see `disco_xla.frontends.env_hook`).
 """
 
 from disco_xla.capture import capture_jax, capture_tf
 from disco_xla.errors import DiscoInputError
+from disco_xla.frontends.wrapped_step import DiscoFallbackWarning
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo.hlo_io import load_module, save_module
 from disco_xla.plan import Plan
 from disco_xla.search import optimize
-from disco_xla.wrapped_step import DiscoFallbackWarning
 
 __all__ = [
     "DiscoFallbackWarning",
@@ -37,16 +37,16 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # jit and tf_function import jax / tensorflow: only when asked for.
     if name == "jit":
-        from disco_xla.jax_api import jit
+        from disco_xla.frontends.jax_api import jit
 
         return jit
     if name == "tf_function":
-        from disco_xla.tf_api import tf_function
+        from disco_xla.frontends.tf_api import tf_function
 
         return tf_function
     raise AttributeError(f"module 'disco_xla' has no attribute {name!r}")
 
 
-from disco_xla import env_hook as _env_hook  # noqa: E402 - after the package is complete
+from disco_xla.frontends import env_hook as _env_hook  # noqa: E402 - after the package is complete
 
 _env_hook.startup()

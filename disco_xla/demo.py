@@ -60,15 +60,15 @@ from jax.sharding import PartitionSpec as P
 
 import disco_xla
 from disco_xla import capture_jax, load_module, save_module
-from disco_xla.checked_rewrite import checked_rewrite, xla_own_groups
+from disco_xla.cli.report import write_report
+from disco_xla.driver.checked_rewrite import checked_rewrite, xla_own_groups
+from disco_xla.driver.planning import prepared
 from disco_xla.hlo.summary import format_summary, summarize
 from disco_xla.plan import departing_groups
-from disco_xla.planning import prepared
-from disco_xla.report import write_report
 from disco_xla.runtime.agreement import gather
-from disco_xla.runtime.apply import NO_COMBINER, compare_outputs
 from disco_xla.runtime.launch import launch
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.output_comparison import compare_outputs
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 from disco_xla.search.baselines import with_buckets
 from disco_xla.search.fusion_source import compiled_fusion
 from disco_xla.search.pipeline import Pricing, plan_module

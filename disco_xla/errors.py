@@ -1,4 +1,6 @@
-"""The one error type that reaches users as a one-line message and exit code 2."""
+"""The error types: `DiscoInputError` reaches users as a one-line message and
+exit code 2; `RewriteError` says a rewritten module failed its own checks, and
+its callers run the original program instead."""
 
 from __future__ import annotations
 
@@ -10,3 +12,7 @@ class DiscoInputError(Exception):
         self.source = str(source)
         self.problem = " ".join(str(problem).split())  # keep it on one line
         super().__init__(f"{self.source}: {self.problem}")
+
+
+class RewriteError(RuntimeError):
+    """The rewritten module failed its own verification."""

@@ -1,5 +1,7 @@
 """Imports point down the layers (docs/development.md, "Layers"): a package
-imports only from the layers below it, never from one beside it or above it.
+imports only from the layers below it, never from one beside it or above it;
+each layer is a folder, and the package root holds only the public API and
+its leaves.
 The one exception is the simulator's reference to the GNN cost model by name,
 an import inside `cost_models.make_cost_model`."""
 
@@ -20,11 +22,23 @@ LAYERS = {
     "runtime": 4,
     "costmodel": 4,
     "profiling": 5,
-    "plan_cache": 5,
-    # What the public API's entry points share: the plan (cache, pipeline)
-    # and the checked rewrite (runtime and search).
-    "planning": 6,
-    "checked_rewrite": 6,
+    # What the entry points share: the plan (cache, pipeline) and the measuring
+    # of its candidates (runtime and search).
+    "driver": 6,
+    # Where users meet it: jit, tf_function and the env hook; the CLI beside them.
+    "frontends": 7,
+    "cli": 7,
+}
+# The package root: the public API, errors and settings, and the leaf modules
+# every layer may use (capture, timing), and the demo. Everything else lives in
+# its layer's folder.
+ROOT_MODULES = {
+    "__init__.py",
+    "capture.py",
+    "demo.py",
+    "errors.py",
+    "settings.py",
+    "timing.py",
 }
 # (file, package it may name though above it): imports inside a function only.
 BY_NAME = {("simulator/cost_models.py", "costmodel")}
@@ -78,3 +92,26 @@ def test_the_simulator_names_the_cost_model_only_inside_a_function():
     imports = _imports(PACKAGE / "simulator" / "cost_models.py")
     assert ("costmodel", True) in imports
     assert ("costmodel", False) not in imports
+
+
+def test_the_root_holds_only_the_public_api_and_the_leaves():
+    found = {path.name for path in PACKAGE.glob("*.py")}
+    assert found == ROOT_MODULES
+    assert len(found) <= 8
+    folders = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()}
+    assert {"driver", "frontends", "cli"} <= folders
+
+
+def test_no_module_is_over_500_lines_and_no_function_over_60():
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        relative = path.relative_to(PACKAGE).as_posix()
+        if text.count("\n") > 500:
+            too_long.append(f"{relative}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    too_long.append(f"{relative}: {node.name} has {length} lines")
+    assert not too_long, "\n".join(too_long)

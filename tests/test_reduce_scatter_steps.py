@@ -18,7 +18,8 @@ import pytest
 import disco_xla
 from disco_xla import capture_jax, save_module
 from disco_xla.plan import Plan, verify_plan
-from disco_xla.runtime.apply import apply_plan, verify_rewrite
+from disco_xla.runtime.apply import apply_plan
+from disco_xla.runtime.candidate_timing import verify_rewrite
 from disco_xla.simulator.comm import collective_s
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import simulate
@@ -149,8 +150,7 @@ def test_disco_xla_jit_runs_the_step_optimised_and_equal(tmp_path):
 
 
 def test_xla_baselines_combine_each_kind_as_xla_does(module):
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search.baselines import captured_baselines
 
     compiled = compile_module(module, NO_COMBINER)

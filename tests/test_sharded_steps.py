@@ -16,7 +16,7 @@ import pytest
 
 import disco_xla
 from disco_xla.hlo.hlo_io import load_module, save_module
-from disco_xla.runtime.apply import compare_outputs
+from disco_xla.runtime.output_comparison import compare_outputs
 from disco_xla.search.baselines import BASELINES
 from disco_xla.zoo.jax_steps import build_jax_step
 from tests.conftest import run_cli, simulate_plans

@@ -132,7 +132,11 @@ def test_the_wheel_carries_the_hook_at_its_root_the_profiles_and_the_package(dis
     assert HOOK_NAME in names
     hook = zipfile.ZipFile(distributions.wheel).read(HOOK_NAME)
     assert hook == (REPO_ROOT / HOOK_NAME).read_bytes()
-    assert {"disco_xla/__init__.py", "disco_xla/env_hook.py", "disco_xla/cli/__init__.py"} <= names
+    assert {
+        "disco_xla/__init__.py",
+        "disco_xla/frontends/env_hook.py",
+        "disco_xla/cli/__init__.py",
+    } <= names
     data = {name.split(".data/data/", 1)[1] for name in names if ".data/data/" in name}
     shipped = {
         f"share/disco-xla/{path.relative_to(REPO_ROOT)}"

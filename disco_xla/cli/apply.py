@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from disco_xla.checked_rewrite import checked_rewrite
 from disco_xla.cli.shared import load_for_planning, load_plan, use_devices
+from disco_xla.driver.checked_rewrite import checked_rewrite
+from disco_xla.driver.planning import measured_alternatives
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.hlo_io import save_module
-from disco_xla.planning import measured_alternatives
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from disco_xla.cli.shared import add_keep_cpus_awake, cpus_awake_if_asked
 from disco_xla.errors import DiscoInputError
-from disco_xla.profiling import calibrate, calibrate_horovod, calibrate_processes
+from disco_xla.profiling import calibrate, calibrate_horovod, calibrate_processes, cpu_profile
 from disco_xla.profiling.boundary_cost import measure_fusion_boundary_s
 from disco_xla.simulator.profiles import SECTION_KEYS, profile_data, profile_from_dict
 
@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
     tuple_element_s = calibrate.tuple_element_seconds(tuple_share, step)
     # The points become what each collective adds to a step (`in_step_points`).
     measured = collective_steps.pop("all-reduce")
-    fit = calibrate.fit_ring_model(calibrate.in_step_points(measured, step), workers)
+    fit = cpu_profile.fit_ring_model(calibrate.in_step_points(measured, step), workers)
     collectives = {
         kind: calibrate.in_step_points(points, step, kind)
         for kind, points in collective_steps.items()
     }
-    profile = calibrate.cpu_profile(
+    profile = cpu_profile.cpu_profile(
         fit,
         workers,
         runtime,

@@ -8,9 +8,9 @@ import time
 
 import jax
 
+from disco_xla.cli.progress import StageProgress
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.hlo_io import save_module
-from disco_xla.progress import StageProgress
 from disco_xla.zoo import LLAMA_MODELS, ZOO, capture_model, zoo_entry
 
 

@@ -11,11 +11,11 @@ import sys
 from tqdm import tqdm
 
 from disco_xla.cli.apply import add_write_checks, write_checked, written_line
+from disco_xla.cli.report import write_report
 from disco_xla.cli.shared import add_xla_dump, load_dump, load_for_planning, use_devices
 from disco_xla.cli.simulate import COST_MODELS
 from disco_xla.errors import DiscoInputError
-from disco_xla.report import write_report
-from disco_xla.runtime.apply import compile_separately
+from disco_xla.runtime.xla_runner import compile_separately
 from disco_xla.search.fusion_source import xla_fusion_of
 from disco_xla.search.pipeline import Pricing, plan_module, pricing
 from disco_xla.search.summary import comparison_summary, format_table

@@ -17,9 +17,9 @@ from tqdm import tqdm
 
 from disco_xla.cli.shared import add_keep_cpus_awake, cpus_awake_if_asked
 from disco_xla.costmodel.dataset import from_samples, save_dataset
+from disco_xla.driver.planning import learn_kernel_times
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.hlo_io import load_module
-from disco_xla.planning import learn_kernel_times
 from disco_xla.profiling.kernel_times import kernels_one_by_one
 from disco_xla.profiling.sample_plans import profile_module
 from disco_xla.runtime.xla_runner import devices_needed, platform_devices

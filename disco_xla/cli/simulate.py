@@ -8,8 +8,7 @@ import json
 from disco_xla.cli.shared import add_xla_dump, load_dump, load_for_planning, load_plan, use_devices
 from disco_xla.errors import DiscoInputError
 from disco_xla.plan import verify_plan
-from disco_xla.runtime.apply import compile_separately
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.xla_runner import compile_module, compile_separately
 from disco_xla.search.baselines import BASELINES, baseline, captured_baselines
 from disco_xla.search.fusion_source import compiled_or_why, dumped_fusion, modelled_fusion
 from disco_xla.settings import DEFAULTS

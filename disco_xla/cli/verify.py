@@ -7,8 +7,8 @@ import argparse
 import json
 
 from disco_xla.cli.shared import load_for_planning, use_devices
-from disco_xla.errors import DiscoInputError
-from disco_xla.runtime.apply import RewriteError, verify_rewrite
+from disco_xla.errors import DiscoInputError, RewriteError
+from disco_xla.runtime.candidate_timing import verify_rewrite
 from disco_xla.runtime.xla_runner import devices_needed
 
 

@@ -7,9 +7,9 @@ nothing re-parses. Opcodes the view does not model are kept as they are: they ta
 part in the graph like any other instruction and count zero FLOPs.
 
 Beside the view, this module infers device counts and partitioning from the
-module; the analyses `gradients` (which reductions reduce gradients) and `flops`
-(the FLOP model) back `HloModule.all_reduces`, `Instruction.flops` and
-`HloModule.total_flops`.
+module; the analyses `reductions` (every cross-device reduction, and which
+reduce gradients: `gradients`) and `flops` (the FLOP model) back
+`HloModule.all_reduces`, `Instruction.flops` and `HloModule.total_flops`.
 """
 
 from __future__ import annotations
@@ -17,28 +17,14 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import cached_property
 
 from google.protobuf.message import DecodeError
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo import hlo_schema
-from disco_xla.hlo.collectives import (
-    collective_bytes,
-    collective_kind,
-    collective_scope,
-    device_groups,
-    reduction_kind,
-    replica_group_sizes,
-)
 from disco_xla.hlo.devices import already_partitioned, device_counts, needs_partitioning
 from disco_xla.hlo.flops import estimate_flops, total_flops
-from disco_xla.hlo.gradients import (
-    BackwardCode,
-    computations_with_several_call_sites,
-    is_gradient_reduction,
-)
 from disco_xla.hlo.opcodes import (
     ALL_REDUCE_OPCODES,
     COLLECTIVE_DONE_OPCODES,
@@ -46,6 +32,7 @@ from disco_xla.hlo.opcodes import (
     CONTROL_FLOW_OPCODES,
     REDUCTION_OPCODES,
 )
+from disco_xla.hlo.reductions import AllReduce, cross_device_reductions
 from disco_xla.hlo.shapes import Shape, shape_from_proto
 
 __all__ = [  # the opcode sets are read through this module too
@@ -173,24 +160,6 @@ class Computation:
 
     def __repr__(self) -> str:
         return f"<computation {self.name}: {len(self.instructions)} instructions>"
-
-
-@dataclass(frozen=True)
-class AllReduce:
-    """What the IR knows about one cross-device reduction: an all-reduce, or a
-    reduce-scatter (`kind`)."""
-
-    name: str
-    computation: str
-    shape: str
-    bytes: int  # the whole buffer reduced (`collective_bytes`)
-    tensors: int  # operands reduced together (1 unless variadic)
-    reduction: str  # 'sum', 'max', 'min', 'product' or the reducer's root opcode
-    group_size: int | None  # devices per replica group; None means all devices
-    scope: str  # 'replica' (no channel), 'partition', or 'global' device ids
-    is_gradient: bool
-    groups: tuple = ()  # the device groups, as device-id tuples (() : one group of all)
-    kind: str = "all-reduce"  # or 'reduce-scatter' (`collective_kind`)
 
 
 class HloModule:
@@ -459,35 +428,8 @@ class HloModule:
     @cached_property
     def all_reduces(self) -> list[AllReduce]:
         """Every all-reduce and reduce-scatter, with which ones reduce gradients
-        (`gradients`)."""
-        backward = BackwardCode(self)
-        shared = computations_with_several_call_sites(self)
-        found = []
-        for computation in self.computations:
-            for instr in computation.instructions:
-                if instr.opcode not in REDUCTION_OPCODES:
-                    continue
-                reduction = reduction_kind(instr)
-                group_size, _ = replica_group_sizes(instr.proto)
-                cross_device = group_size is None or group_size > 1
-                found.append(
-                    AllReduce(
-                        name=instr.name,
-                        computation=computation.name,
-                        shape=str(instr.shape),
-                        bytes=collective_bytes(instr),
-                        tensors=len(instr.operands),
-                        reduction=reduction,
-                        group_size=group_size,
-                        scope=collective_scope(instr.proto),
-                        is_gradient=is_gradient_reduction(
-                            instr, reduction == "sum" and cross_device, backward, shared
-                        ),
-                        groups=device_groups(instr.proto),
-                        kind=collective_kind(instr),
-                    )
-                )
-        return found
+        (`reductions.cross_device_reductions`)."""
+        return cross_device_reductions(self)
 
     @property
     def gradient_all_reduces(self) -> list[AllReduce]:

@@ -27,8 +27,9 @@ import numpy as np
 
 from disco_xla.capture import capture_jax
 from disco_xla.plan import Plan, departing_groups
-from disco_xla.runtime.apply import apply_plan, no_combiner, time_candidates
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.apply import apply_plan
+from disco_xla.runtime.candidate_timing import time_candidates
+from disco_xla.runtime.xla_runner import compile_module, no_combiner
 from disco_xla.search.xla_fusion import xla_fusion_plan
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.kernels import TaskGraph, kernel_for

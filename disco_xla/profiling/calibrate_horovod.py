@@ -33,7 +33,7 @@ import os
 import tempfile
 
 from disco_xla.errors import DiscoInputError
-from disco_xla.profiling.calibrate import Fit, fit_ring_model, host_machine
+from disco_xla.profiling.cpu_profile import Fit, fit_ring_model, host_machine
 from disco_xla.runtime.horovod import FUSION_SETTINGS
 from disco_xla.runtime.launch import launch_horovod
 

@@ -51,8 +51,7 @@ from disco_xla.plan import (
 )
 from disco_xla.profiling.kernel_times import KERNEL_PLANES, profile_kernel_times
 from disco_xla.profiling.speed_reference import reference_seconds
-from disco_xla.runtime.apply import no_combiner
-from disco_xla.runtime.xla_runner import program_for, random_arguments
+from disco_xla.runtime.xla_runner import no_combiner, program_for, random_arguments
 from disco_xla.search.backtracking import greedy_fusion_plan
 from disco_xla.simulator.kernels import Kernel, build_task_graph, kernel_for
 
@@ -323,7 +322,7 @@ def profile_module(
 
 def _program(module: HloModule, platform: str):
     """The module compiled for its devices on `platform` ('cpu' or 'gpu'), XLA's
-    all-reduce combiner off (`runtime.apply.no_combiner`); DevicesUnavailable
+    all-reduce combiner off (`runtime.xla_runner.no_combiner`); DevicesUnavailable
     (bad input, one line) where the platform has too few devices."""
     if platform not in KERNEL_PLANES:
         raise DiscoInputError(

@@ -36,6 +36,24 @@ _RECENT_COMPILES = 4
 _recent_compiles: dict[tuple, HloModule] = {}
 
 
+# XLA:CPU's pass that merges every all-reduce into one after the last gradient.
+# Rewritten modules compile with it off (NO_COMBINER), or it
+# would merge their buckets again.
+ALL_REDUCE_COMBINER = "cpu-all-reduce-combiner"
+NO_COMBINER = (ALL_REDUCE_COMBINER,)
+# The same pass per platform (`no_combiner`). XLA:GPU runs GpuAllReduceCombiner,
+# whose name() is "gpu-all-reduce-combiner" (openxla/xla, 2024 on:
+# xla/service/gpu/transforms/collectives/all_reduce_combiner.h, added to the
+# pipeline in xla/service/gpu/gpu_compiler.cc); before it, XLA:GPU ran the generic
+# AllReduceCombiner, whose name() is "all-reduce-combiner"
+# (xla/service/all_reduce_combiner.h). Both are listed: XLA skips a disabled
+# name that no pass has (checked here on XLA:CPU with both names).
+NO_COMBINER_BY_PLATFORM = {
+    "cpu": NO_COMBINER,
+    "gpu": ("gpu-all-reduce-combiner", "all-reduce-combiner"),
+}
+
+
 class DevicesUnavailable(DiscoInputError, RuntimeError):
     """The platform has fewer devices than the module needs (bad input: one line)."""
 
@@ -55,6 +73,19 @@ def compile_module(
         program = program_for(module, disabled_passes=disabled_passes, platform=platform)
         _recent_compiles[key] = program.compiled_module()
     return _recent_compiles[key]
+
+
+def no_combiner(platform: str = "cpu") -> tuple[str, ...]:
+    """The passes to disable so that XLA on `platform` keeps every all-reduce
+    as written (NO_COMBINER on the CPU)."""
+    return NO_COMBINER_BY_PLATFORM.get(platform, NO_COMBINER_BY_PLATFORM["gpu"])
+
+
+def compile_separately(module: HloModule) -> HloModule:
+    """XLA's compile of `module` with its all-reduce combiner off (NO_COMBINER):
+    XLA's own fusion, every all-reduce apart. What the baselines and the
+    search's bounds are built from (`search.pipeline.plan_module`)."""
+    return compile_module(module, NO_COMBINER)
 
 
 def as_replicas(module: HloModule) -> HloModule:

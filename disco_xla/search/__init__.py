@@ -6,7 +6,7 @@ ahead, collectives in chunks), and the baselines.
 one planning path behind every entry point (pricing, baselines, ablations, the
 search); `backtracking` holds the search over fusion and buckets, and
 `all_gather_buckets`, `prefetch` and `chunking` the sweeps of the other
-dimensions after it; `baselines` builds every baseline as a plan (with
+dimensions after it; `baselines` builds every baseline as a plan (with `baseline_rules`,
 `combiners`, `expert_flags` and `windowed_einsum` for what XLA and an expert
 do), `xla_flags` the flags closest to a plan, `fusion_source` and
 `xla_fusion` map XLA's compiled kernels back onto the captured module,

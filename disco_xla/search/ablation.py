@@ -22,19 +22,13 @@ import math
 from collections.abc import Callable
 from dataclasses import fields, replace
 
-from disco_xla.plan import Plan
+from disco_xla.plan import DIMENSIONS as PLAN_DIMENSIONS
+from disco_xla.plan import IDENTITY_FIELDS, Plan
 
 # Each plan dimension and the `Plan` fields that hold it, in the order the
-# rewrite applies them (`runtime.apply`). Every field of a plan but its
+# rewrite applies them (`plan.DIMENSIONS`). Every field of a plan but its
 # identity belongs to exactly one dimension (`tests/search/test_ablation.py`).
-DIMENSIONS: dict[str, tuple[str, ...]] = {
-    "fusion": ("fusion_groups",),
-    "all-reduce buckets": ("all_reduce_buckets",),
-    "all-gather buckets": ("all_gather_buckets",),
-    "chunks": ("chunked_collectives",),
-    "prefetch": ("prefetched_all_gathers",),
-}
-IDENTITY_FIELDS = ("module_name", "fingerprint")
+DIMENSIONS: dict[str, tuple[str, ...]] = {d.name: (d.field,) for d in PLAN_DIMENSIONS}
 
 PriceFn = Callable[[Plan], float]  # a plan's simulated seconds; inf where it cannot run
 

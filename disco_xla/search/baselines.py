@@ -86,28 +86,18 @@ from disco_xla.plan import (
 from disco_xla.search.all_gather_buckets import (
     xla_gpu_all_gathers,
 )
+from disco_xla.search.baseline_rules import bucket_rules
 from disco_xla.search.combiners import (
-    MB,
-    XLA_GPU_COMBINE_BYTES,
     Gradients,
-    cycle_buckets,
-    kind_threshold_buckets,
-    mgwfbp_buckets,
-    threshold_buckets,
-    tuned_buckets,
-    unit_buckets,
-    xla_cpu_buckets,
 )
 from disco_xla.search.expert_flags import (
     MAXTEXT_A3_LLAMA2_7B,
     combiner_kinds,
     maxtext_thresholds,
-    unmodelled_note,
     xla_gpu_run,
 )
 from disco_xla.search.fusion_source import XlaFusion, compiled_fusion
 from disco_xla.search.windowed_einsum import with_windowed_einsum
-from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import TaskGraph, build_task_graph
@@ -126,7 +116,6 @@ BASELINES = (
     "mgwfbp",
     "fsdp",
 )
-FSDP_UNIT_BYTES = 4 * 10**8  # 1e8 parameters of 4 bytes
 # The baselines XLA runs itself: on GPU profiles their collectives hold the compute
 # stream (the latency-hiding scheduler is off by default).
 RUN_BY_XLA = ("xla", "xla-nocombine")
@@ -329,86 +318,6 @@ def legal_buckets(module: HloModule, buckets) -> tuple[tuple[str, ...], ...]:
 def gradient_kinds(module: HloModule) -> dict[str, str]:
     """'all-reduce' or 'reduce-scatter', by gradient name."""
     return {a.name: a.kind for a in module.gradient_all_reduces}
-
-
-def bucket_rules(
-    name: str,
-    gradients: Gradients,
-    ready_s: dict[str, float],
-    profile: ClusterProfile,
-    kinds: dict[str, str] | None = None,
-    price: Callable[[tuple[tuple[str, ...], ...]], float] | None = None,
-) -> tuple[tuple[tuple[str, ...], ...], str]:
-    """The buckets baseline `name` makes of `gradients` (in ready order), and a
-    note. `kinds` says which gradients are reduce-scatters (None: none are); the
-    caller cuts buckets that mix kinds (`legal_buckets`). `xla-tuned` needs
-    `price`, the simulated step time of a bucketing."""
-    gpu = profile.execution == "gpu-streams"
-    kinds = kinds or {}
-    if name in ("xla", "xla-overlap", "xla-tuned") and not gpu:
-        scattered = any(kind != "all-reduce" for kind in kinds.values())
-        return xla_cpu_buckets(gradients, kinds), "XLA:CPU's combined all-reduce" + (
-            ", reduce-scatters one by one" if scattered else ""
-        )
-    if name == "xla":
-        return (
-            threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES),
-            "XLA:GPU's combiner modelled: up to 30 MB per all-reduce, each holding "
-            "the compute stream (latency-hiding scheduler off)",
-        )
-    if name == "xla-overlap":
-        return (
-            threshold_buckets(gradients, XLA_GPU_COMBINE_BYTES),
-            "XLA:GPU's combiner modelled: up to 30 MB per all-reduce, beside compute "
-            "(latency-hiding scheduler on)",
-        )
-    if name == "xla-tuned":
-        if price is None:
-            raise ValueError("the xla-tuned baseline needs a price for its sweep")
-        buckets, thresholds = tuned_buckets(gradients, kinds, price)
-        chosen = ", ".join(f"{kind} {limit // MB} MB" for kind, limit in thresholds.items())
-        return buckets, (
-            f"XLA:GPU's combiners at the swept thresholds the simulator found fastest "
-            f"({chosen}), beside compute (latency-hiding scheduler on)"
-        )
-    if name == "maxtext":
-        thresholds = maxtext_thresholds(profile)
-        if thresholds is None:
-            raise ValueError(f"MaxText published no thresholds for {profile.name}")
-        sent = {kind: thresholds[kind] for kind in sorted({*kinds.values(), "all-reduce"})}
-        chosen = ", ".join(f"{kind} {limit // MB} MB" for kind, limit in sent.items())
-        return kind_threshold_buckets(gradients, kinds, thresholds), (
-            f"XLA:GPU's combiners at MaxText's A3 thresholds for {profile.nodes} VMs "
-            f"({chosen}), beside compute (latency-hiding scheduler on), reduce-scatters "
-            f"and all-reduces pipelined a loop trip on{unmodelled_note()}"
-        )
-    if name in ("xla-nocombine", "none"):
-        note = "one all-reduce per gradient"
-        return tuple((g,) for g, _ in gradients), note + (
-            ", each holding the compute stream" if gpu and name != "none" else ""
-        )
-    if name in ("horovod", "horovod-legacy"):
-        cycle_s, limit = (1e-3, 128 * MB) if name == "horovod" else (5e-3, 64 * MB)
-        note = f"{limit // MB} MB fusion buffer, {cycle_s * 1e3:.0f} ms cycle"
-        if profile.collectives_after_compute:  # every gradient reaches Horovod in one cycle
-            ready_s = dict.fromkeys(ready_s, 0.0)
-            note += ", every gradient in one cycle (sent after the compute)"
-        return cycle_buckets(gradients, ready_s, cycle_s, limit), note
-    if name == "ddp":
-        return threshold_buckets(gradients, 25 * MB, first_bytes=1 * MB), (
-            "25 MB buckets, the first 1 MB"
-        )
-    if name == "mgwfbp":
-        alpha = all_reduce_s(1, profile)
-        buckets = mgwfbp_buckets(
-            gradients, ready_s, lambda size: all_reduce_s(size, profile), alpha
-        )
-        return buckets, f"MG-WFBP merging with alpha {alpha * 1e6:.1f} us"
-    if name == "fsdp":
-        return unit_buckets(gradients, FSDP_UNIT_BYTES), (
-            "FSDP units of 1e8 parameters, all-gathers issued when ready"
-        )
-    raise ValueError(f"unknown baseline {name!r}")
 
 
 def captured_baselines(

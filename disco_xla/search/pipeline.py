@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.chunking import chunkable_collectives
 from disco_xla.hlo.graph import HloModule
-from disco_xla.plan import Plan, all_gathers, prefetchable_all_gathers, verify_plan
+from disco_xla.plan import DIMENSIONS, Plan, all_gathers, prefetchable_all_gathers, verify_plan
 from disco_xla.search.ablation import departs_from, leave_one_out, realisable_plan
 from disco_xla.search.all_gather_buckets import best_all_gather_buckets
 from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
@@ -86,6 +86,20 @@ class Pricing:
 
     profile: ClusterProfile  # at the module's worker count
     cost_model: CostModel  # kernel times
+
+
+BACKTRACKING = "backtracking"
+# Which step of the search chooses each plan dimension (`plan.DIMENSIONS`), in
+# the order the steps run: the backtracking search's moves (fusion groups and
+# all-reduce buckets, together), then the found plan's all-gather buckets and
+# prefetches (`with_best_all_gathers`), then its chunks (`with_best_chunks`).
+SEARCH_STEPS: dict[str, str] = {
+    "fusion": BACKTRACKING,
+    "all-reduce buckets": BACKTRACKING,
+    "all-gather buckets": "all-gathers",
+    "prefetch": "all-gathers",
+    "chunks": "chunks",
+}
 
 
 def pricing(
@@ -237,16 +251,12 @@ class _Runs:
         evaluation a full simulation), then the found plan with the fastest
         all-gather buckets and prefetches (`with_best_all_gathers`), then the
         fastest chunks (`with_best_chunks`)."""
+        refined_later = {d.field: () for d in DIMENSIONS if SEARCH_STEPS[d.name] != BACKTRACKING}
         found = search(
             self.module,
             self.profile,
             self.cost_model,
-            [
-                replace(
-                    plan, all_gather_buckets=(), prefetched_all_gathers=(), chunked_collectives=()
-                )
-                for plan in starts
-            ],
+            [replace(plan, **refined_later) for plan in starts],
             self.settings,
             moves=moves,
             keep=keep,
@@ -254,7 +264,10 @@ class _Runs:
             within_groups=self.own_groups,
             on_evaluation=self.on_search(label) if self.on_search else lambda done, best_s: None,
         )
-        return self.with_best_chunks(self.with_best_all_gathers(found, starts))
+        for step in dict.fromkeys(SEARCH_STEPS.values()):
+            if step != BACKTRACKING:
+                found = REFINEMENTS[step](self, found, starts)
+        return found
 
     def with_best_all_gathers(self, found: SearchResult, starts: list[Plan]) -> SearchResult:
         """`found` with the fastest all-gather buckets among the starts' and a
@@ -401,3 +414,10 @@ def expert_pipelining(baselines: dict[str, Baseline]) -> XlaGpuRun | None:
     if tuned is None or tuned.xla_run is None or not tuned.xla_run.pipelined:
         return None
     return XlaGpuRun(buckets_by_xla=False, pipelined=tuned.xla_run.pipelined)
+
+
+# The refinements of the found plan, by the name `SEARCH_STEPS` gives them.
+REFINEMENTS = {
+    "all-gathers": lambda planner, found, starts: planner.with_best_all_gathers(found, starts),
+    "chunks": lambda planner, found, starts: planner.with_best_chunks(found),
+}

@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+from disco_xla.plan import DIMENSIONS
 from disco_xla.search.pipeline import ROWS, PlanComparison
+
+# The dimensions the table shows as columns (kernels, buckets).
+COLUMNS = ("fusion_groups", "all_reduce_buckets")
 
 
 def comparison_summary(comparison: PlanComparison) -> dict:
@@ -22,9 +26,13 @@ def comparison_summary(comparison: PlanComparison) -> dict:
         "t_over_ideal": found.t_over_ideal,
         "exposed_comm_s": found.exposed_comm_s,
         "buckets": found.buckets,
-        "all_gather_buckets": len(comparison.found.plan.all_gather_buckets),
-        "prefetched_all_gathers": len(comparison.found.plan.prefetched_all_gathers),
-        "chunked_collectives": len(comparison.found.plan.chunked_collectives),
+        # Each other dimension's count; fusion and all-reduce buckets are the
+        # kernels and buckets columns.
+        **{
+            d.field: len(getattr(comparison.found.plan, d.field))
+            for d in DIMENSIONS
+            if d.field not in COLUMNS
+        },
         "kernels": found.kernels,
         "fusion_source": comparison.fusion.source if comparison.fusion else None,
         "fusion": comparison.fusion.note if comparison.fusion else None,
@@ -59,19 +67,10 @@ def format_table(comparison: PlanComparison) -> str:
             f"{name:<16}{r.iteration_s * 1e3:>14.3f}{xla_s / r.iteration_s:>8.2f}x"
             f"{r.t_over_ideal:>11.2f}{r.exposed_comm_s * 1e3:>12.3f}{r.buckets:>9}{r.kernels:>9}"
         )
-    gathers = comparison.found.plan.all_gather_buckets
-    if gathers:
-        lines.append(
-            f"found plan: its all-gathers sent in {len(gathers)} buckets "
-            f"(largest {max(map(len, gathers))})"
-        )
-    prefetched = comparison.found.plan.prefetched_all_gathers
-    if prefetched:
-        lines.append(f"found plan: {len(prefetched)} all-gathers issued a loop trip ahead")
-    chunked = comparison.found.plan.chunked_collectives
-    if chunked:
-        counts = ", ".join(f"{name} in {chunks}" for name, chunks in chunked)
-        lines.append(f"found plan: {len(chunked)} collectives split into chunks ({counts})")
+    for dimension in DIMENSIONS:  # each dimension's line, where it has one
+        line = dimension.describe(comparison.found.plan)
+        if line:
+            lines.append(f"found plan: {line}")
     lines += _realisable_lines(comparison)
     return "\n".join(lines)
 

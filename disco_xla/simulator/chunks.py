@@ -21,7 +21,7 @@ chunks of the kernels they belong to.
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from disco_xla.hlo.chunking import chunked_computation
@@ -101,22 +101,8 @@ def _split(
     shared by them. Each collective's first chunk keeps its task number; the
     others come after every communication task."""
     kernel_count, comm_count = len(graph.kernels), len(graph.communications)
-    shares = graph.kernel_shares + [1.0] * (kernel_count - len(graph.kernel_shares))
-    runs = graph.kernel_runs + [1] * (kernel_count - len(graph.kernel_runs))
-    copied = graph.kernel_copy_bytes + [0.0] * (kernel_count - len(graph.kernel_copy_bytes))
-    positions: list[list[int]] = []
-    new_kernels, new_runs, new_shares, new_copied, origin = [], [], [], [], []
-    for k, kernel in enumerate(graph.kernels):
-        count = chunks if k in kernels else 1
-        positions.append(list(range(len(new_kernels), len(new_kernels) + count)))
-        for j in range(count):
-            name = kernel.name if count == 1 else f"{kernel.name}.chunk{j}"
-            new_kernels.append(kernel if count == 1 else replace(kernel, name=name))
-            new_runs.append(runs[k])
-            new_shares.append(shares[k] / count)
-            new_copied.append((copied[k] + moved.get(k, 0.0)) / count)
-            origin.append((k, j if count > 1 else None))
-    first_comm = len(new_kernels)
+    split = _split_kernels(graph, kernels, chunks, moved)
+    first_comm = len(split.kernels)
     comm_chunks: dict[int, list[int]] = {}
     extra = first_comm + comm_count
     for c in comms:
@@ -126,7 +112,7 @@ def _split(
     def ids(task: int, chunk: int | None) -> list[int]:
         """The new tasks of old `task`: chunk `chunk` of a split one, where given."""
         if task < kernel_count:
-            found = positions[task]
+            found = split.positions[task]
         elif task - kernel_count in comm_chunks:
             found = comm_chunks[task - kernel_count]
         else:
@@ -136,44 +122,98 @@ def _split(
     def mapped(deps: list[int], chunk: int | None) -> list[int]:
         return sorted({new for d in deps for new in ids(d, chunk)})
 
-    dependencies = [mapped(graph.dependencies[k], j) for k, j in origin]
+    dependencies = [mapped(graph.dependencies[k], j) for k, j in split.origin]
     for c in range(comm_count):
         dependencies.append(
             mapped(graph.dependencies[kernel_count + c], 0 if c in comm_chunks else None)
         )
     communications = list(graph.communications)
-    copied = []  # the old task of each appended chunk
+    appended = []  # the old task of each appended chunk
     for c in comms:
         name, size, names = graph.communications[c]
         communications[c] = (f"{name}.chunk0", size // chunks, names)
         for j in range(1, chunks):
             communications.append((f"{name}.chunk{j}", size // chunks, names))
             dependencies.append(mapped(graph.dependencies[kernel_count + c], j))
-            copied.append(c)
+            appended.append(c)
+    split_graph = _with_chunked_communications(graph, comms, appended, communications)
+    split_graph = replace(
+        split_graph,
+        kernels=split.kernels,
+        dependencies=dependencies,
+        kernel_runs=split.runs,
+        kernel_shares=split.shares,
+        kernel_copy_bytes=split.copied,
+    )
+    return _chunk_major(split_graph, split.origin, kernels)
+
+
+@dataclass
+class _SplitKernels:
+    """The kernels once the chosen ones are split into chunks, with their
+    runs, shares of the work and copied bytes; `positions[k]`: the new
+    numbers of old kernel k; `origin[i]`: (old kernel, chunk or None) of new
+    kernel i."""
+
+    kernels: list = field(default_factory=list)
+    runs: list[int] = field(default_factory=list)
+    shares: list[float] = field(default_factory=list)
+    copied: list[float] = field(default_factory=list)
+    positions: list[list[int]] = field(default_factory=list)
+    origin: list[tuple[int, int | None]] = field(default_factory=list)
+
+
+def _split_kernels(
+    graph: TaskGraph, kernels: set[int], chunks: int, moved: dict[int, float]
+) -> _SplitKernels:
+    """Each kernel of `kernels` as `chunks` kernels of 1/chunks of its work and
+    of its copied bytes (with `moved[k]`, the bytes copied around its chunks);
+    the others as they are."""
+    kernel_count = len(graph.kernels)
+    shares = graph.kernel_shares + [1.0] * (kernel_count - len(graph.kernel_shares))
+    runs = graph.kernel_runs + [1] * (kernel_count - len(graph.kernel_runs))
+    copied = graph.kernel_copy_bytes + [0.0] * (kernel_count - len(graph.kernel_copy_bytes))
+    split = _SplitKernels()
+    for k, kernel in enumerate(graph.kernels):
+        count = chunks if k in kernels else 1
+        start = len(split.kernels)
+        split.positions.append(list(range(start, start + count)))
+        for j in range(count):
+            name = kernel.name if count == 1 else f"{kernel.name}.chunk{j}"
+            split.kernels.append(kernel if count == 1 else replace(kernel, name=name))
+            split.runs.append(runs[k])
+            split.shares.append(shares[k] / count)
+            split.copied.append((copied[k] + moved.get(k, 0.0)) / count)
+            split.origin.append((k, j if count > 1 else None))
+    return split
+
+
+def _with_chunked_communications(
+    graph: TaskGraph, comms: list[int], appended: list[int], communications: list
+) -> TaskGraph:
+    """`graph` with `communications` (the chunked collectives' first chunks in
+    place, their other chunks appended, one for each old task in `appended`),
+    and each communication attribute extended to the appended chunks; a chunk
+    is sent as one array, never a tuple."""
+    comm_count = len(graph.communications)
 
     def extended(values: list, default) -> list:
         values = values + [default] * (comm_count - len(values))
-        return values + [values[c] for c in copied]
+        return values + [values[c] for c in appended]
 
     tuple_bytes = extended(graph.tuple_element_bytes, ())
     for c in comms:
         tuple_bytes[c] = ()
-    tuple_bytes[comm_count:] = [()] * len(copied)
-    split_graph = replace(
+    tuple_bytes[comm_count:] = [()] * len(appended)
+    return replace(
         graph,
-        kernels=new_kernels,
         communications=communications,
-        dependencies=dependencies,
         is_bucket=extended(graph.is_bucket, False),
         tuple_element_bytes=tuple_bytes,
-        kernel_runs=new_runs,
         communication_runs=extended(graph.communication_runs, 1),
         communication_kinds=extended(graph.communication_kinds, "all-reduce"),
         communication_groups=extended(graph.communication_groups, ((), 0)),
-        kernel_shares=new_shares,
-        kernel_copy_bytes=new_copied,
     )
-    return _chunk_major(split_graph, origin, kernels)
 
 
 def _chunk_major(

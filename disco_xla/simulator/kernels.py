@@ -360,8 +360,6 @@ def build_task_graph(
         order_priorities(plan_kernel_parts, len(plan.fusion_groups)),
         bucket_waits(plan_kernel_parts, plan.all_reduce_buckets, collectives.gradient_info, others),
     )
-    renumber = {old: new for new, old in enumerate(order)}
-    renumber.update({t: t for t in range(kernel_count, len(dependencies))})
     kernels, kernel_runs = [], []
     for old in order:
         group, key = instances[old]
@@ -369,14 +367,10 @@ def build_task_graph(
         label = names[0] + (f"@{key[-1]}" if key else "")
         kernels.append(group_kernel(index, names, label))
         kernel_runs.append(plan_kernel_parts.parts[old].runs)
-    ordered_dependencies = [sorted(renumber[d] for d in dependencies[old]) for old in order]
-    ordered_dependencies += [
-        sorted(renumber[d] for d in dependencies[t]) for t in range(kernel_count, len(dependencies))
-    ]
     graph = TaskGraph(
         kernels,
         comms.communications,
-        ordered_dependencies,
+        _in_kernel_order(dependencies, order, kernel_count),
         comms.is_bucket,
         comms.tuple_element_bytes,
         collectives_block_compute,
@@ -388,6 +382,15 @@ def build_task_graph(
     if plan.chunked_collectives:
         graph = with_chunks(graph, module, plan.chunked_collectives)
     return graph
+
+
+def _in_kernel_order(dependencies: list[set[int]], order: list[int], kernels: int) -> list:
+    """Each task's dependencies once the kernels are renumbered in `order`;
+    the communication tasks keep their numbers, after the kernels."""
+    renumber = {old: new for new, old in enumerate(order)}
+    renumber.update({t: t for t in range(kernels, len(dependencies))})
+    tasks = [*order, *range(kernels, len(dependencies))]
+    return [sorted(renumber[d] for d in dependencies[t]) for t in tasks]
 
 
 class _CommunicationTasks:

@@ -33,6 +33,11 @@ GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 MIXED_KINDS = " + "  # joins the kinds of a process whose devices differ
 
 
+class NoProfileError(RuntimeError):
+    """`cluster="auto"` found no cluster profile for the devices; the message
+    says why and how to write one."""
+
+
 @dataclass(frozen=True)
 class DeviceDescription:
     """What a process reads of the devices it runs a step on."""

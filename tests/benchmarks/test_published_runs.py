@@ -47,8 +47,7 @@ def test_a_run_without_a_layer_loop_is_priced_without_loop_pipelining(fsdp_step)
     from dataclasses import replace
 
     from benchmarks.published_runs import without_loop_pipelining
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search.baselines import captured_baselines
     from disco_xla.simulator.cost_models import make_cost_model
 

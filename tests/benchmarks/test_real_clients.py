@@ -68,12 +68,12 @@ def test_a_client_trains_the_same_under_the_hook_and_runs_the_rewritten_step(nam
 
 _INJECTED = """
 import runpy, sys
-import disco_xla.trial
+import disco_xla.driver.trial
 
 def fails(*args, **kwargs):
     raise RuntimeError("injected failure")
 
-disco_xla.trial.rotating_median_seconds = fails  # after the original consumed its state
+disco_xla.driver.trial.rotating_median_seconds = fails  # after the original consumed its state
 sys.argv = [{script!r}, "--epochs", "2"]
 runpy.run_path({script!r}, run_name="__main__")
 """

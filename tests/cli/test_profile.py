@@ -61,7 +61,7 @@ def test_profile_command_on_the_cpu_named_explicitly_and_learning(module_files, 
     """`--learn CLUSTER` keeps each distinct kernel's measured time in the plan
     cache, under that profile's machine key, for the next search there."""
     from disco_xla.costmodel.dataset import load_dataset
-    from disco_xla.plan_cache import PlanCache, machine_key
+    from disco_xla.driver.plan_cache import PlanCache, machine_key
     from disco_xla.simulator.profiles import load_profile
 
     out = tmp_path / "cpu.npz"

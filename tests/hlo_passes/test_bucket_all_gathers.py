@@ -13,8 +13,9 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.bucket_all_gathers import GATHER_BUCKET_MARK, BucketAllGathers
 from disco_xla.plan import Plan, all_gather_dependencies, all_gather_kinds, all_gathers, verify_plan
-from disco_xla.runtime.apply import NO_COMBINER, apply_plan, verify_rewrite
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.apply import apply_plan
+from disco_xla.runtime.candidate_timing import verify_rewrite
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 from disco_xla.search.all_gather_buckets import combined_all_gathers
 
 

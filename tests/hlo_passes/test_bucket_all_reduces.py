@@ -13,8 +13,7 @@ from disco_xla import capture_jax
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.bucket_all_reduces import BucketAllReduces
 from disco_xla.plan import Plan, verify_plan
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import PartitionedProgram
+from disco_xla.runtime.xla_runner import NO_COMBINER, PartitionedProgram
 from disco_xla.zoo.jax_steps import build_jax_step
 
 
@@ -120,7 +119,8 @@ def _instr(module: HloModule, name: str):
 
 
 def test_a_bf16_bucket_is_reduced_in_f32_and_bit_for_bit():
-    from disco_xla.runtime.apply import apply_plan, verify_rewrite
+    from disco_xla.runtime.apply import apply_plan
+    from disco_xla.runtime.candidate_timing import verify_rewrite
 
     def step(a, b):
         return (
@@ -245,7 +245,7 @@ def test_a_bucket_that_reads_an_earlier_buckets_members_reads_their_restored_val
     concatenation that reads an earlier bucket's members reads what replaced
     them, and the module computes what it did."""
     from disco_xla.hlo.hlo_io import module_from_text
-    from disco_xla.runtime.apply import verify_rewrite
+    from disco_xla.runtime.candidate_timing import verify_rewrite
 
     module = module_from_text(CHAINED, "chained")
     rewritten = HloModule.from_bytes(module.to_bytes(), "rewritten")

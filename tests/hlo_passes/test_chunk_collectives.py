@@ -13,7 +13,8 @@ import pytest
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.chunking import chunkable_collectives, chunked_computation
 from disco_xla.plan import Plan, prefetchable_all_gathers, verify_plan
-from disco_xla.runtime.apply import apply_plan, verify_rewrite
+from disco_xla.runtime.apply import apply_plan
+from disco_xla.runtime.candidate_timing import verify_rewrite
 from disco_xla.search.all_gather_buckets import combined_all_gathers
 from tests.hlo.test_chunking import _mlp
 

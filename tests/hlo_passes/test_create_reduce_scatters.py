@@ -6,12 +6,12 @@ same gradients, the step computes the same on 4 CPU devices, and what
 
 from __future__ import annotations
 
+from disco_xla.driver.planning import prepared
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo.hlo_io import load_module
 from disco_xla.hlo.xla_gpu_patterns import scattered_dimensions
 from disco_xla.hlo_passes.create_reduce_scatters import CreateReduceScatters
-from disco_xla.planning import prepared
-from disco_xla.runtime.apply import verify_rewrite
+from disco_xla.runtime.candidate_timing import verify_rewrite
 from tests.conftest import run_cli
 
 

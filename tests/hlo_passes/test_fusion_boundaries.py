@@ -10,8 +10,8 @@ import pytest
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.fusion_boundaries import OutlineFusionGroups
 from disco_xla.plan import Plan, compute_instructions, departing_groups, verify_plan
-from disco_xla.runtime.apply import NO_COMBINER, verify_rewrite
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.candidate_timing import verify_rewrite
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 
 
 def outline(module: HloModule, plan: Plan, left_to_xla=None) -> bool:
@@ -153,7 +153,7 @@ def test_constant_expressions_never_cross_a_group_edge():
 def test_groups_xla_forms_itself_and_library_ops_are_left_to_xla(step):
     """XLA's own fusion rewrites to the unchanged program; a plan that splits one
     of XLA's groups outlines only the groups that depart, never a dot."""
-    from disco_xla.checked_rewrite import xla_own_groups
+    from disco_xla.driver.checked_rewrite import xla_own_groups
     from disco_xla.search.xla_fusion import xla_fusion_plan
 
     own = xla_own_groups(step)

@@ -10,7 +10,7 @@ from disco_xla.capture import capture_jax
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo_passes.inline_calls import InlineCalls
 from disco_xla.plan import Plan, verify_plan
-from disco_xla.runtime.apply import verify_rewrite
+from disco_xla.runtime.candidate_timing import verify_rewrite
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.zoo.jax_steps import build_jax_step
 

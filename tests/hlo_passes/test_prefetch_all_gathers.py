@@ -15,7 +15,8 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.loops import computed_from_invariants, loop_of_body
 from disco_xla.hlo.trip_counts import trip_count
 from disco_xla.plan import Plan, all_gathers, prefetchable_all_gathers, verify_plan
-from disco_xla.runtime.apply import apply_plan, kept_in_place, verify_rewrite
+from disco_xla.runtime.apply import apply_plan, kept_in_place
+from disco_xla.runtime.candidate_timing import verify_rewrite
 from disco_xla.search.all_gather_buckets import combined_all_gathers
 from disco_xla.search.prefetch import pipelined_all_gathers
 
@@ -104,8 +105,9 @@ def test_a_plan_with_prefetches_survives_json(fsdp_step):
 
 
 def test_the_census_of_a_plan_that_prefetches_refuses_a_size_it_does_not_make(fsdp_step):
-    from disco_xla.runtime.apply import NO_COMBINER, RewriteError, check_collectives
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.errors import RewriteError
+    from disco_xla.runtime.collective_census import check_collectives
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 
     names = tuple(prefetchable_all_gathers(fsdp_step))
     plan = dataclasses.replace(Plan.unfused(fsdp_step), prefetched_all_gathers=names)

@@ -13,7 +13,7 @@ from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo.hlo_io import load_module
 from disco_xla.hlo_passes.drop_schedule import DropSchedule
 from disco_xla.hlo_passes.synchronous_all_reduces import SynchronousAllReduces
-from disco_xla.runtime.apply import verify_rewrite
+from disco_xla.runtime.candidate_timing import verify_rewrite
 from disco_xla.runtime.xla_runner import devices_needed
 
 SCHEDULED = Path(__file__).parents[1] / "data" / "hlo_corpus" / "async_collectives.hlo.txt"

@@ -7,8 +7,7 @@ import numpy as np
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.profiling.kernel_times import kernel_time_table, profile_kernel_times
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import PartitionedProgram, random_arguments
+from disco_xla.runtime.xla_runner import NO_COMBINER, PartitionedProgram, random_arguments
 from disco_xla.simulator.cost_models import RooflineCostModel, TableCostModel
 from disco_xla.simulator.events import simulate
 from disco_xla.simulator.kernels import build_task_graph

@@ -23,7 +23,8 @@ from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan
 from disco_xla.runtime import horovod_plan as runtime
-from disco_xla.runtime.horovod import _MIN_GAIN, bucket_scale, fusion_buckets, rounds_to_win
+from disco_xla.runtime.horovod import bucket_scale, fusion_buckets
+from disco_xla.runtime.horovod_trial import _MIN_GAIN, rounds_to_win
 from disco_xla.runtime.launch import launch_horovod
 from disco_xla.simulator.profiles import load_profile
 from tests.conftest import REPO_ROOT, run_cli, simulate_plans
@@ -132,7 +133,8 @@ def test_fusion_buckets_fill_the_threshold_in_order():
 def test_candidates_leave_out_a_bucketing_listed_before():
     import tensorflow as tf
 
-    from disco_xla.runtime.horovod import Candidate, horovod_candidates
+    from disco_xla.runtime.horovod import Candidate
+    from disco_xla.runtime.horovod_trial import horovod_candidates
 
     variables = [tf.Variable(tf.zeros([1024])) for _ in range(3)]  # 4 KB each
     candidates = horovod_candidates([[0, 1, 2]], variables)

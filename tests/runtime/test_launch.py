@@ -9,8 +9,8 @@ import textwrap
 
 import numpy as np
 
-from disco_xla.jax_background import READY_CHECK_EVERY
-from disco_xla.trial import TIMING_ROUNDS
+from disco_xla.driver.trial import TIMING_ROUNDS
+from disco_xla.frontends.jax_background import READY_CHECK_EVERY
 from tests.conftest import run_cli
 
 _STEP = """

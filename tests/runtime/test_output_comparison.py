@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from disco_xla.runtime.apply import compare_outputs, differing_outputs
+from disco_xla.runtime.output_comparison import compare_outputs, differing_outputs
 
 
 def _outputs(seed: int = 0) -> list[np.ndarray]:

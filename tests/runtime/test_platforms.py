@@ -11,17 +11,15 @@ import pytest
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo.graph import HloModule
-from disco_xla.runtime.apply import (
+from disco_xla.runtime.candidate_timing import time_candidates
+from disco_xla.runtime.xla_runner import (
     NO_COMBINER,
     NO_COMBINER_BY_PLATFORM,
-    no_combiner,
-    time_candidates,
-)
-from disco_xla.runtime.xla_runner import (
     DevicesUnavailable,
     PartitionedProgram,
     available_devices,
     compile_module,
+    no_combiner,
     platform_devices,
     program_for,
     random_arguments,

@@ -68,9 +68,8 @@ def test_leave_one_out_prices_each_departing_dimension_alone():
 
 @pytest.fixture(scope="module")
 def comparison(fsdp_step):
-    from disco_xla.planning import prepared
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.driver.planning import prepared
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search.fusion_source import compiled_fusion
     from disco_xla.search.pipeline import Pricing, plan_module
     from disco_xla.settings import OptimizeSettings

@@ -10,8 +10,7 @@ import json
 
 from disco_xla.hlo.collectives import collective_bytes
 from disco_xla.plan import all_gather_kinds, all_gathers, verify_plan
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 from disco_xla.search.all_gather_buckets import (
     XLA_GPU_ALL_GATHER_COMBINE_BYTES,
     combined_all_gathers,

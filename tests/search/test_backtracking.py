@@ -108,8 +108,7 @@ def test_plans_only_split_xla_groups_and_pay_for_each_boundary(step):
     import dataclasses
 
     from disco_xla.plan import departing_groups
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search import optimize
     from disco_xla.search.xla_fusion import xla_fusion_plan
     from disco_xla.simulator.cost_models import boundary_charged

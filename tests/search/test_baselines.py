@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from disco_xla.search.baselines import BASELINES, bucket_rules
+from disco_xla.search.baseline_rules import BUCKET_RULES, bucket_rules
+from disco_xla.search.baselines import BASELINES
 from disco_xla.search.combiners import (
     MB,
     cycle_buckets,
@@ -20,6 +21,18 @@ from disco_xla.simulator.profiles import load_profile
 from tests.conftest import run_cli, simulate_plans
 
 GRADIENTS = [("a", 600_000), ("b", 600_000), ("c", 10 * MB), ("d", 20 * MB), ("e", 30 * MB)]
+
+
+def test_every_baseline_has_one_rule_and_an_unknown_name_is_refused():
+    assert set(BUCKET_RULES) == {*BASELINES, "maxtext"}
+    profile = load_profile("h100-32x8-ib400")
+    with pytest.raises(ValueError, match="unknown baseline 'nccl-magic'"):
+        bucket_rules("nccl-magic", GRADIENTS, {}, profile)
+    # On the CPU, XLA's baselines are its one combined all-reduce.
+    cpu = load_profile("cpu-local")
+    for name in ("xla", "xla-overlap"):
+        buckets, note = bucket_rules(name, GRADIENTS, {}, cpu)
+        assert buckets == (tuple(g for g, _ in GRADIENTS),) and "XLA:CPU" in note
 
 
 def test_ddp_packs_up_to_25_mb_after_a_first_bucket_of_1_mb():

@@ -9,8 +9,7 @@ import dataclasses
 import json
 
 from disco_xla.plan import verify_plan
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 from disco_xla.search.baselines import captured_baselines
 from disco_xla.search.chunking import best_chunks, chunk_candidates
 from disco_xla.search.fusion_source import compiled_fusion

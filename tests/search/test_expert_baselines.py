@@ -12,8 +12,7 @@ import dataclasses
 import pytest
 
 from disco_xla.hlo.xla_gpu_patterns import scattering_all_reduces
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 from disco_xla.search.baselines import captured_baselines, gradient_kinds
 from disco_xla.search.combiners import MB, threshold_buckets, threshold_sweep, tuned_buckets
 from disco_xla.search.expert_flags import (
@@ -131,7 +130,7 @@ def test_the_closest_flags_are_priced_as_xla_runs_them(fsdp_step, expert):
 def test_the_found_plan_runs_under_the_experts_flags_and_is_no_slower_than_a_baseline(
     fsdp_step, expert
 ):
-    from disco_xla.planning import prepared
+    from disco_xla.driver.planning import prepared
     from disco_xla.search.fusion_source import compiled_fusion
     from disco_xla.search.pipeline import Pricing, plan_module
     from disco_xla.settings import OptimizeSettings

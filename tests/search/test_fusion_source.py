@@ -9,11 +9,10 @@ import json
 import pytest
 
 from disco_xla.capture import capture_jax
+from disco_xla.driver.planning import prepared
 from disco_xla.hlo.hlo_io import load_module, save_module
 from disco_xla.plan import verify_plan
-from disco_xla.planning import prepared
-from disco_xla.runtime.apply import compile_separately
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.xla_runner import compile_module, compile_separately
 from disco_xla.search.fusion_model import fusion_agreement, modelled_xla_fusion
 from disco_xla.search.fusion_source import dumped_buckets, xla_fusion_of
 from disco_xla.search.xla_fusion import xla_fusion_plan

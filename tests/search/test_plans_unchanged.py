@@ -114,9 +114,8 @@ def modules() -> dict[str, tuple[HloModule, HloModule]]:
     """Each model's captured step, prepared as for `find_plan`, and its compile
     with the all-reduce combiner off."""
     from disco_xla.capture import capture_jax
-    from disco_xla.planning import prepared
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.driver.planning import prepared
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.zoo.jax_steps import build_jax_step
 
     found = {}

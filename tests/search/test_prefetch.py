@@ -9,8 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from disco_xla.plan import prefetchable_all_gathers, verify_plan
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 from disco_xla.search.baselines import captured_baselines
 from disco_xla.search.prefetch import pipelined_all_gathers, prefetch_choices
 from disco_xla.search.xla_flags import PIPELINED_ALL_GATHER_FLAG, closest_xla_flags

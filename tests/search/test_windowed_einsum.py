@@ -12,8 +12,7 @@ import pytest
 
 from disco_xla.hlo.collectives import collective_bytes
 from disco_xla.plan import verify_plan
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 from disco_xla.search.baselines import captured_baselines
 from disco_xla.search.chunking import chunk_candidates
 from disco_xla.search.windowed_einsum import (
@@ -32,7 +31,7 @@ from disco_xla.simulator.profiles import load_profile
 
 @pytest.fixture(scope="module")
 def tuned(fsdp_step):
-    from disco_xla.planning import prepared
+    from disco_xla.driver.planning import prepared
 
     module = prepared(fsdp_step)
     profile = dataclasses.replace(load_profile("h100-32x8-ib400"), nodes=1)

@@ -9,8 +9,7 @@ import pytest
 
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan, compute_instructions, verify_plan
-from disco_xla.runtime.apply import NO_COMBINER
-from disco_xla.runtime.xla_runner import compile_module
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 from disco_xla.search.backtracking import _critical, _neighbours, critical_names
 from disco_xla.search.baselines import BASELINES, captured_baselines
 from disco_xla.search.fusion_source import compiled_fusion

@@ -12,8 +12,8 @@ import dataclasses
 
 import pytest
 
+from disco_xla.driver.planning import prepared
 from disco_xla.plan import Plan, verify_plan
-from disco_xla.planning import prepared
 from disco_xla.search.baselines import legal_buckets
 from disco_xla.simulator.cost_models import make_cost_model
 from disco_xla.simulator.events import simulate

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from disco_xla import DiscoInputError
-from disco_xla.profiling.calibrate import fit_ring_model
+from disco_xla.profiling.cpu_profile import fit_ring_model
 from disco_xla.simulator.comm import all_reduce_s, ring_all_reduce_s
 from disco_xla.simulator.profiles import (
     Link,

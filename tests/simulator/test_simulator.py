@@ -196,7 +196,7 @@ def test_cpu_threads_run_independent_work_side_by_side_unless_overlap_is_off(mod
 @pytest.mark.parametrize("name", ["jax_pmap_step", "tf_train_step"])
 def test_the_one_thread_scheduler_equals_the_general_one_with_one_thread(captured, name):
     from disco_xla.hlo.graph import HloModule
-    from disco_xla.simulator import events
+    from disco_xla.simulator import cpu_threads, events
 
     step = HloModule.from_bytes(captured[name][0], name)
     profile = dataclasses.replace(load_profile("cpu-local"), compute_threads=1)
@@ -209,8 +209,8 @@ def test_the_one_thread_scheduler_equals_the_general_one_with_one_thread(capture
         )
         comm_ps.append(comm)
         copy_ps.append(copy)
-    general = events._run_threads(graph, kernel_ps, comm_ps, copy_ps, profile)
-    one = events._run_one_thread(graph, kernel_ps, comm_ps, copy_ps, profile)
+    general = cpu_threads.run_threads(graph, kernel_ps, comm_ps, copy_ps, profile)
+    one = cpu_threads.run_one_thread(graph, kernel_ps, comm_ps, copy_ps, profile)
     assert one == general
     assert len(general[0]) == graph.task_count
 

@@ -14,7 +14,7 @@ import pytest
 from disco_xla.hlo.graph import HloModule
 from disco_xla.hlo.hlo_io import module_from_text
 from disco_xla.plan import Plan, verify_plan
-from disco_xla.simulator import events
+from disco_xla.simulator import cpu_threads, events
 from disco_xla.simulator.comm import all_reduce_s
 from disco_xla.simulator.cost_models import RooflineCostModel
 from disco_xla.simulator.events import PS_PER_S, graph_iteration_ps, simulate, to_ps
@@ -153,8 +153,8 @@ def test_the_one_thread_scheduler_orders_a_collective_after_the_collective_it_re
     cost_model = RooflineCostModel(profile)
     kernel_ps = [to_ps(s) for s in cost_model.kernels_s(graph)]
     comm_ps, copy_ps = events.graph_communication_ps(graph, profile, all_reduce_s)
-    one = events._run_one_thread(graph, kernel_ps, comm_ps, copy_ps, profile)
-    general = events._run_threads(graph, kernel_ps, comm_ps, copy_ps, profile)
+    one = cpu_threads.run_one_thread(graph, kernel_ps, comm_ps, copy_ps, profile)
+    general = cpu_threads.run_threads(graph, kernel_ps, comm_ps, copy_ps, profile)
     assert one == general
     names = [span[0] for span in one[0]]
     assert names.index("mean") < names.index("again") < names.index("update")

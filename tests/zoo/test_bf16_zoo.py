@@ -14,7 +14,7 @@ import pytest
 import disco_xla
 from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan
-from disco_xla.runtime.apply import compare_outputs
+from disco_xla.runtime.output_comparison import compare_outputs
 from disco_xla.simulator.kernels import build_task_graph
 from disco_xla.zoo.jax_steps import build_jax_step
 from tests.conftest import run_cli

@@ -19,7 +19,7 @@ from disco_xla import capture_jax, save_module
 from disco_xla.hlo.collectives import device_groups
 from disco_xla.hlo.hlo_io import load_module
 from disco_xla.plan import Plan
-from disco_xla.runtime.apply import compare_outputs
+from disco_xla.runtime.output_comparison import compare_outputs
 from disco_xla.search.baselines import BASELINES
 from disco_xla.simulator.comm import collective_s, group_profile
 from disco_xla.simulator.cost_models import RooflineCostModel

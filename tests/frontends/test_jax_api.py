@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import disco_xla
-from disco_xla.jax_api import DiscoFallbackWarning
-from disco_xla.plan_cache import PlanCache, machine_key
-from disco_xla.runtime.apply import compare_outputs
+from disco_xla.driver.plan_cache import PlanCache, machine_key
+from disco_xla.frontends.jax_api import DiscoFallbackWarning
+from disco_xla.runtime.output_comparison import compare_outputs
 from disco_xla.simulator.profile_choice import DeviceDescription
 from disco_xla.simulator.profiles import load_profile
 from disco_xla.zoo.jax_steps import JAX_MODELS, build_jax_step
@@ -105,8 +105,8 @@ def _reference(fn, args, status: str):
     if "compiled from HLO" not in status:
         return fn(*args)
     from disco_xla.capture import capture_jax
-    from disco_xla.runtime.apply import NO_COMBINER
     from disco_xla.runtime.jax_program import RewrittenStep
+    from disco_xla.runtime.xla_runner import NO_COMBINER
 
     lowered = fn.lower(*args)
     executable = lowered.compile()
@@ -174,11 +174,11 @@ def test_a_gpu_without_a_profile_runs_the_original_and_says_how_to_write_one(tmp
     """Where no shipped profile fits the devices, a data-parallel step runs the
     original with one warning whose reason says how to write a profile; a step
     that is not data-parallel is left alone, without a warning."""
-    import disco_xla.jax_api
+    import disco_xla.frontends.jax_api
     from disco_xla.demo import build_step
 
     unknown = DeviceDescription("gpu", "NVIDIA GH200 480GB", 4, 1)
-    monkeypatch.setattr(disco_xla.jax_api, "jax_devices", lambda: unknown)
+    monkeypatch.setattr(disco_xla.frontends.jax_api, "jax_devices", lambda: unknown)
     step, (params, opt_state, batch), _ = build_step()
     optimized = disco_xla.jit(step, cache_dir=str(tmp_path), **SEARCH)
     with pytest.warns(DiscoFallbackWarning, match="cluster='my.yaml'") as caught:

@@ -7,8 +7,8 @@ import multiprocessing
 
 import pytest
 
+from disco_xla.driver.plan_cache import PlanCache, cache_key
 from disco_xla.plan import Plan
-from disco_xla.plan_cache import PlanCache, cache_key
 from disco_xla.simulator.profiles import load_profile
 
 
@@ -71,7 +71,7 @@ def test_a_damaged_cache_file_is_a_miss_not_an_error(tmp_path, content):
 
 
 def test_candidates_and_their_measured_choice_round_trip(tmp_path):
-    from disco_xla.plan_cache import CandidateRecord
+    from disco_xla.driver.plan_cache import CandidateRecord
 
     cache = PlanCache(tmp_path)
     key = cache_key("c" * 64, load_profile("cpu-local"), {"seed": 0})
@@ -92,7 +92,7 @@ def test_candidates_and_their_measured_choice_round_trip(tmp_path):
 def test_a_damaged_candidates_entry_is_a_miss(tmp_path):
     import sqlite3
 
-    from disco_xla.plan_cache import CandidateRecord
+    from disco_xla.driver.plan_cache import CandidateRecord
 
     cache = PlanCache(tmp_path)
     assert cache.put_candidates("key", CandidateRecord({"plan": _plan(1)}))
@@ -107,7 +107,7 @@ def test_step_times_round_trip_and_each_module_keeps_its_first_measured_run(tmp_
     """A measured first call's step times come back by machine and device
     count, without the collective and tuple tensor costs its simulation
     included; a module measured again keeps the first run's."""
-    from disco_xla.plan_cache import CandidateRecord
+    from disco_xla.driver.plan_cache import CandidateRecord
 
     plans = {"plan": _plan(1), "candidate-2": Plan("module1", f"{1:064x}", (), (("r1",),))}
     record = CandidateRecord(

@@ -8,7 +8,7 @@ its candidates (the search's next best plans, the best baseline) are read from
 the plan cache or searched, the module is rewritten for each and compiled, and
 each rewritten program runs once beside the original, on copies of the same
 arguments (`jax_trial`). Of those whose outputs agree (the rule of
-`runtime.apply.compare_outputs`), the fastest, timed beside the original, runs
+`runtime.output_comparison.compare_outputs`), the fastest, timed beside the original, runs
 in later calls, unless the original is as fast; otherwise, or if anything at
 all fails on our side, the original runs, with one `DiscoFallbackWarning` that
 says why. By default that work happens in the background while the original
@@ -43,8 +43,10 @@ from jax._src import api, pmap  # JAX's own jit and pmap (the env hook replaces 
 from jax._src.array import ArrayImpl
 
 from disco_xla.capture import lowered_module
-from disco_xla.jax_background import BackgroundTrial
-from disco_xla.jax_trial import (
+from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
+from disco_xla.driver.trial import is_fallback, one_line
+from disco_xla.frontends.jax_background import BackgroundTrial
+from disco_xla.frontends.jax_trial import (
     CallArguments,
     JaxSignatureRecord,
     JaxTrial,
@@ -56,13 +58,11 @@ from disco_xla.jax_trial import (
     shared_choice,
     waiting_s,
 )
-from disco_xla.planning import has_cross_device_all_reduces, prepared
+from disco_xla.frontends.wrapped_step import DiscoFallbackWarning, WrappedStep
 from disco_xla.runtime.agreement import process_count
 from disco_xla.runtime.jax_program import kept_arguments
 from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
 from disco_xla.simulator.profile_choice import MIXED_KINDS, DeviceDescription
-from disco_xla.trial import is_fallback
-from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep, one_line
 
 __all__ = ["DiscoFallbackWarning", "OptimizedFunction", "jit", "wrap"]
 

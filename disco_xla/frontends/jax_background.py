@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from disco_xla.capture import lowered_module
-from disco_xla.jax_trial import (
+from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
+from disco_xla.driver.trial import TIMING_ROUNDS, is_fallback, one_line
+from disco_xla.frontends.jax_trial import (
     CallArguments,
     JaxSignatureRecord,
     JaxTrial,
@@ -44,14 +46,11 @@ from disco_xla.jax_trial import (
     shared_choice,
     waiting_s,
 )
-from disco_xla.planning import has_cross_device_all_reduces, prepared
 from disco_xla.runtime.agreement import gather, process_count
 from disco_xla.runtime.jax_program import kept_arguments
-from disco_xla.trial import TIMING_ROUNDS, is_fallback
-from disco_xla.wrapped_step import one_line
 
 if TYPE_CHECKING:
-    from disco_xla.jax_api import OptimizedFunction
+    from disco_xla.frontends.jax_api import OptimizedFunction
 
 READY_CHECK_EVERY = 8  # calls between the ranks' checks that all background work is done
 EXIT_WAIT_S = 60.0  # at exit, how long to let a background compile finish

@@ -13,17 +13,18 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from disco_xla.driver.trial import one_line
 from disco_xla.settings import AUTO_CLUSTER, OptimizeSettings
-from disco_xla.simulator.profile_choice import DeviceDescription, ProfileChoice, choose_profile
+from disco_xla.simulator.profile_choice import (
+    DeviceDescription,
+    NoProfileError,
+    ProfileChoice,
+    choose_profile,
+)
 
 
 class DiscoFallbackWarning(RuntimeWarning):
     """disco-xla runs the original program, for the reason given."""
-
-
-class NoProfileError(RuntimeError):
-    """`cluster="auto"` found no cluster profile for the devices; the message
-    says why and how to write one."""
 
 
 class WrappedStep:
@@ -111,11 +112,3 @@ class WrappedStep:
             DiscoFallbackWarning,
             stacklevel=stacklevel + 1,
         )
-
-
-def one_line(error: BaseException) -> str:
-    """An exception as one line of at most 300 characters, with its type; a
-    `NoProfileError` as its message, whole (it says how to write a profile)."""
-    if isinstance(error, NoProfileError):
-        return " ".join(str(error).split())
-    return " ".join(f"{type(error).__name__}: {error}".split())[:300]

@@ -13,18 +13,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from disco_xla.hlo.graph import HloModule
-from disco_xla.hlo_passes.create_reduce_scatters import CreateReduceScatters
-from disco_xla.hlo_passes.inline_calls import InlineCalls
-from disco_xla.hlo_passes.pass_interface import run_pipeline
-from disco_xla.plan import Plan
-from disco_xla.plan_cache import (
+from disco_xla.driver.plan_cache import (
     CandidateRecord,
     PlanCache,
     cache_key,
     machine_key,
     times_digest,
 )
+from disco_xla.hlo.graph import HloModule
+from disco_xla.hlo_passes.create_reduce_scatters import CreateReduceScatters
+from disco_xla.hlo_passes.inline_calls import InlineCalls
+from disco_xla.hlo_passes.pass_interface import run_pipeline
+from disco_xla.plan import Plan
 from disco_xla.search.baselines import sends_tuples
 from disco_xla.search.fusion_source import xla_fusion_of
 from disco_xla.search.pipeline import PlanComparison, plan_module, pricing
@@ -78,7 +78,7 @@ def find_plan(
     cached plan found with costs far from today's is searched again.
 
     `compile_separately(module)` is XLA's compile of the module with its
-    all-reduce combiner off (`runtime.apply.compile_separately`), called only
+    all-reduce combiner off (`runtime.xla_runner.compile_separately`), called only
     when the search runs: the search then starts from every baseline too. Where
     it raises, XLA's fusion is modelled (`fusion_source.xla_fusion_of`)."""
     started = time.perf_counter()

@@ -38,9 +38,10 @@ import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disco_xla.checked_rewrite import rewrite
-from disco_xla.planning import find_plan, has_cross_device_all_reduces
-from disco_xla.runtime.apply import compare_outputs, compile_separately
+from disco_xla.driver.checked_rewrite import rewrite
+from disco_xla.driver.planning import find_plan, has_cross_device_all_reduces
+from disco_xla.driver.trial import Trial
+from disco_xla.runtime.output_comparison import compare_outputs
 from disco_xla.runtime.tensorflow import (
     CallModuleProgram,
     entry_parameter_shapes,
@@ -48,12 +49,12 @@ from disco_xla.runtime.tensorflow import (
     resource_updates,
     tf_dtype,
 )
-from disco_xla.trial import Trial
+from disco_xla.runtime.xla_runner import compile_separately
 
 # TensorFlow is optional (the `tf` extra): imported inside the functions that use it.
 
 if TYPE_CHECKING:
-    from disco_xla.tf_api import TfFunction
+    from disco_xla.frontends.tf_api import TfFunction
 
 
 class MappingError(RuntimeError):

@@ -17,23 +17,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from disco_xla.checked_rewrite import rewrite
-from disco_xla.plan_cache import CandidateRecord, PlanCache
-from disco_xla.planning import PlanChoice, find_plan
+from disco_xla.driver.checked_rewrite import rewrite
+from disco_xla.driver.plan_cache import CandidateRecord, PlanCache
+from disco_xla.driver.planning import PlanChoice, find_plan
+from disco_xla.driver.trial import SignatureRecord, Trial
 from disco_xla.runtime.agreement import AgreementError, broadcast, gather
-from disco_xla.runtime.apply import (
-    NO_COMBINER,
-    check_collectives,
-    compare_outputs,
-    compile_separately,
-    differing_outputs,
-)
+from disco_xla.runtime.collective_census import check_collectives
 from disco_xla.runtime.jax_program import check_memory, peak_bytes, standing_in_for, with_aliases_of
+from disco_xla.runtime.output_comparison import compare_outputs, differing_outputs
+from disco_xla.runtime.xla_runner import NO_COMBINER, compile_separately
 from disco_xla.settings import OptimizeSettings
-from disco_xla.trial import SignatureRecord, Trial
 
 if TYPE_CHECKING:
-    from disco_xla.jax_api import OptimizedFunction
+    from disco_xla.frontends.jax_api import OptimizedFunction
 
 
 @dataclass

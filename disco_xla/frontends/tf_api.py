@@ -7,7 +7,7 @@ with unknown dimensions serves several), the step's HLO is captured, a plan is
 read from the plan cache or searched, the module is rewritten, and the rewritten
 program runs once beside the original on the same inputs (then its buckets
 alone, if the plan's program does not agree). If the outputs agree
-(the rule of `runtime.apply.compare_outputs`: bit-equal, or within 1e-6 of the
+(the rule of `runtime.output_comparison.compare_outputs`: bit-equal, or within 1e-6 of the
 output scales), later calls with that signature run the rewritten program;
 otherwise, or if anything at all fails on our side, the original runs, with one
 `DiscoFallbackWarning` (a Python `warnings` warning) that says why. The first
@@ -41,10 +41,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from disco_xla.hlo.graph import HloModule
-from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
-from disco_xla.simulator.profile_choice import MIXED_KINDS, DeviceDescription
-from disco_xla.tf_trial import (
+from disco_xla.driver.trial import SignatureRecord, is_fallback, one_line
+from disco_xla.frontends.tf_trial import (
     TfTrial,
     bound_arguments,
     flat_arguments,
@@ -52,8 +50,10 @@ from disco_xla.tf_trial import (
     shapes_of,
     step_layout,
 )
-from disco_xla.trial import SignatureRecord, is_fallback
-from disco_xla.wrapped_step import DiscoFallbackWarning, WrappedStep, one_line
+from disco_xla.frontends.wrapped_step import DiscoFallbackWarning, WrappedStep
+from disco_xla.hlo.graph import HloModule
+from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
+from disco_xla.simulator.profile_choice import MIXED_KINDS, DeviceDescription
 
 # TensorFlow is optional (the `tf` extra): imported inside the functions that use it.
 

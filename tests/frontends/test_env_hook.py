@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from disco_xla.env_hook import parse_flags
+from disco_xla.frontends.env_hook import parse_flags
 from disco_xla.settings import DEFAULTS, WRAPPED_STEP_DEFAULTS
 
 
@@ -90,7 +90,7 @@ _UNMODIFIED_SCRIPT = """
 
 
 def test_an_unmodified_script_runs_optimized_and_computes_the_same(tmp_path):
-    from disco_xla.runtime.apply import compare_outputs
+    from disco_xla.runtime.output_comparison import compare_outputs
 
     flags = (
         f"--disco_enable --disco_max_evaluations=10 --nodisco_check_speed --nodisco_background "

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from disco_xla.checked_rewrite import xla_own_groups
+from disco_xla.driver.checked_rewrite import xla_own_groups
+from disco_xla.driver.plan_cache import PlanCache
+from disco_xla.frontends.jax_api import DiscoFallbackWarning
+from disco_xla.frontends.tf_api import tf_function
 from disco_xla.hlo.graph import HloModule
-from disco_xla.jax_api import DiscoFallbackWarning
 from disco_xla.plan import departing_groups
-from disco_xla.plan_cache import PlanCache
-from disco_xla.runtime.apply import compare_outputs
-from disco_xla.tf_api import tf_function
+from disco_xla.runtime.output_comparison import compare_outputs
 from disco_xla.zoo.tf_steps import TF_MODELS, build_tf_step
 
 # The first-call speed check is timing-dependent: off where a test needs the
@@ -285,7 +285,7 @@ def test_decorator_with_and_without_arguments(tmp_path):
 
 
 def test_auto_counts_the_processes_tf_config_names(monkeypatch):
-    from disco_xla.tf_api import tf_devices
+    from disco_xla.frontends.tf_api import tf_devices
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     alone = tf_devices()
@@ -351,16 +351,16 @@ class _RewriteSpy:
     """Counts the rewrites (one per candidate program built)."""
 
     def __init__(self, monkeypatch):
-        import disco_xla.tf_trial
+        import disco_xla.frontends.tf_trial
 
         self.calls = 0
-        real = disco_xla.tf_trial.rewrite
+        real = disco_xla.frontends.tf_trial.rewrite
 
         def counting(*args, **kwargs):
             self.calls += 1
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(disco_xla.tf_trial, "rewrite", counting)
+        monkeypatch.setattr(disco_xla.frontends.tf_trial, "rewrite", counting)
 
 
 def _beside_plain(optimized, plain, args, calls: int = 2) -> list[str]:
@@ -436,11 +436,11 @@ def test_a_recorded_candidate_is_the_only_one_built_and_still_checked(
     _beside_plain(tf_function(step, **settings), plain, args, calls=1)  # fills the cache
     _record_choice(str(tmp_path), "buckets", {"original": 2e-3, "buckets": 1e-3})
     if not agrees:
-        import disco_xla.tf_trial
+        import disco_xla.frontends.tf_trial
 
-        real = disco_xla.tf_trial.compare_outputs
+        real = disco_xla.frontends.tf_trial.compare_outputs
         monkeypatch.setattr(
-            disco_xla.tf_trial,
+            disco_xla.frontends.tf_trial,
             "compare_outputs",
             lambda *a, **k: dataclasses.replace(real(*a, **k), equal=False, max_rel_diff=0.5),
         )

@@ -2,7 +2,7 @@
 
 A first call (or, in the background, a later one) builds the candidate programs
 of one argument signature, runs each once beside the original, keeps those that
-compute the same (the rule of `runtime.apply.compare_outputs`), times them
+compute the same (the rule of `runtime.output_comparison.compare_outputs`), times them
 beside the original as the user calls it, and fills the signature's record with
 the fastest, or with the original and why. `Trial` holds those steps and the
 report of what it found; a framework adapter (`jax_trial.JaxTrial`,
@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from disco_xla.planning import remember_measurement
+from disco_xla.driver.planning import remember_measurement
 from disco_xla.settings import OptimizeSettings
+from disco_xla.simulator.profile_choice import NoProfileError
 from disco_xla.timing import rotating_median_seconds
-from disco_xla.wrapped_step import one_line
 
 # Timing the candidates: rounds of every program once.
 TIMING_ROUNDS = 6  # at least; and the rounds of a background trial
@@ -480,3 +480,11 @@ class Trial:
 
     def why(self) -> str:
         return "; ".join(dict.fromkeys(self.problems)) or "no program agreed with the original"
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line of at most 300 characters, with its type; a
+    `NoProfileError` as its message, whole (it says how to write a profile)."""
+    if isinstance(error, NoProfileError):
+        return " ".join(str(error).split())
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]

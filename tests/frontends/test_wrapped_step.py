@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from disco_xla.driver.trial import TIMING_ROUNDS, slower_status
 from disco_xla.timing import paired_median_seconds
-from disco_xla.trial import TIMING_ROUNDS, slower_status
 
 
 @pytest.mark.parametrize(

@@ -198,7 +198,7 @@ def install() -> HookFlags | None:
 def _replace_jax_transforms(hook_flags: HookFlags) -> None:
     import jax
 
-    from disco_xla.jax_api import wrap
+    from disco_xla.frontends.jax_api import wrap
 
     settings = hook_flags.settings()
     wrapped: list = []

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from disco_xla.errors import DiscoInputError
+from disco_xla.errors import DiscoInputError, RewriteError
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
-from disco_xla.runtime.apply import (
-    RewriteError,
-    apply_plan,
-    compile_separately,
-    time_candidates,
-)
-from disco_xla.runtime.xla_runner import devices_needed
+from disco_xla.runtime.apply import apply_plan
+from disco_xla.runtime.candidate_timing import time_candidates
+from disco_xla.runtime.xla_runner import compile_separately, devices_needed
 from disco_xla.search.fusion_source import XlaFusion, xla_fusion_of
 
 # XLA's own fusion of the modules seen last, by fingerprint: every candidate of
@@ -52,7 +48,7 @@ def rewrite(
 ) -> HloModule:
     """The module rewritten to run `plan` (only its buckets with `fusion=False`),
     verified to compile to its buckets unless `check=False` (then the caller
-    compiles it and calls `runtime.apply.check_collectives`). Only the groups
+    compiles it and calls `runtime.collective_census.check_collectives`). Only the groups
     that depart from XLA's own fusion get a boundary."""
     source = source or f"<plan for {module.name}>"
     left_to_xla = xla_own_groups(module) if fusion else None

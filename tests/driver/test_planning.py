@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from disco_xla.driver.planning import measured_alternatives
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
-from disco_xla.planning import measured_alternatives
 from disco_xla.search.backtracking import greedy_fusion_plan
 
 
@@ -47,9 +47,9 @@ def test_kernel_times_measured_on_a_machine_steer_its_next_search(captured, tmp_
     """The plan cache keeps kernel times per machine; the next search on that
     machine trusts them over the cost model (which still prices every kernel
     not measured), so a plan whose kernels were measured slow is replaced."""
-    from disco_xla.plan_cache import PlanCache, machine_key
-    from disco_xla.planning import find_plan, learn_kernel_times
-    from disco_xla.runtime.apply import compile_separately
+    from disco_xla.driver.plan_cache import PlanCache, machine_key
+    from disco_xla.driver.planning import find_plan, learn_kernel_times
+    from disco_xla.runtime.xla_runner import compile_separately
     from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile
@@ -113,9 +113,9 @@ def test_step_times_measured_on_a_machine_price_its_collectives_in_the_next_sear
     machine, for a step on as many devices, fits what each collective's message
     costs there and plans with it: with messages measured dear, the plan sends
     fewer of them. Other device counts do not read them."""
-    from disco_xla.plan_cache import PlanCache, machine_key
-    from disco_xla.planning import find_plan, learned_collective_costs
-    from disco_xla.runtime.apply import compile_separately
+    from disco_xla.driver.plan_cache import PlanCache, machine_key
+    from disco_xla.driver.planning import find_plan, learned_collective_costs
+    from disco_xla.runtime.xla_runner import compile_separately
     from disco_xla.settings import OptimizeSettings
     from disco_xla.simulator.kernels import build_task_graph
     from disco_xla.simulator.profiles import load_profile

@@ -91,8 +91,7 @@ def _assert_the_rule_holds(report: dict) -> None:
 
 
 def test_xla_fusion_through_the_rewrite_is_the_unchanged_program(conv_step_file, tmp_path):
-    from disco_xla.runtime.apply import NO_COMBINER
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
     from disco_xla.search.xla_fusion import xla_fusion_plan
 
     module = load_module(conv_step_file)
@@ -217,8 +216,10 @@ ENTRY main {
 
 
 def test_a_bucket_that_takes_one_of_two_equal_gradients_still_rewrites(tmp_path):
-    from disco_xla.runtime.apply import NO_COMBINER, RewriteError, apply_plan, check_all_reduces
-    from disco_xla.runtime.xla_runner import compile_module
+    from disco_xla.errors import RewriteError
+    from disco_xla.runtime.apply import apply_plan
+    from disco_xla.runtime.collective_census import check_all_reduces
+    from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
 
     module_path = tmp_path / "equal.txt"
     module_path.write_text(EQUAL_GRADIENTS)

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import disco_xla
-from disco_xla.jax_api import CALLED_ONCE, DiscoFallbackWarning
+from disco_xla.frontends.jax_api import CALLED_ONCE, DiscoFallbackWarning
 
 SEARCH = {"max_evaluations": 10, "budget_s": 60.0, "check_speed": False, "background": False}
 
@@ -129,11 +129,11 @@ def _fails(*_args, **_kwargs):
 # Where a failure is injected (the module that calls it, attribute), and the
 # words of the warning.
 FAILURES = {
-    "capture": ("disco_xla.jax_api", "lowered_module", "could not capture the step"),
-    "search": ("disco_xla.jax_trial", "find_plan", "injected failure"),
-    "rewrite": ("disco_xla.jax_trial", "rewrite", "injected failure"),
+    "capture": ("disco_xla.frontends.jax_api", "lowered_module", "could not capture the step"),
+    "search": ("disco_xla.frontends.jax_trial", "find_plan", "injected failure"),
+    "rewrite": ("disco_xla.frontends.jax_trial", "rewrite", "injected failure"),
     # After the original has run on (and consumed) the user's arguments:
-    "timing": ("disco_xla.trial", "rotating_median_seconds", "injected failure"),
+    "timing": ("disco_xla.driver.trial", "rotating_median_seconds", "injected failure"),
 }
 
 
@@ -188,7 +188,7 @@ def _train_steps(step, mesh, steps: int, after_second=None) -> dict:
 def test_in_the_background_the_original_runs_until_every_program_is_built_and_judged(
     check_speed, mesh, tmp_path
 ):
-    from disco_xla.trial import TIMING_ROUNDS
+    from disco_xla.driver.trial import TIMING_ROUNDS
 
     optimized = disco_xla.jit(
         _update,
@@ -223,7 +223,7 @@ def test_in_the_background_the_original_runs_until_every_program_is_built_and_ju
 def test_a_failure_in_the_background_runs_the_original_with_one_warning(
     mesh, plain, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("disco_xla.jax_trial.find_plan", _fails)
+    monkeypatch.setattr("disco_xla.frontends.jax_trial.find_plan", _fails)
     optimized = disco_xla.jit(
         _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10, background=True
     )
@@ -250,7 +250,7 @@ def test_in_the_background_a_choice_the_plan_cache_recorded_is_not_timed_again(
     import dataclasses
     import sqlite3
 
-    from disco_xla.plan_cache import PlanCache
+    from disco_xla.driver.plan_cache import PlanCache
 
     _train(disco_xla.jit(_update, donate_argnums=0, cache_dir=str(tmp_path), **SEARCH), mesh)
     with sqlite3.connect(tmp_path / "plans.sqlite") as connection:
