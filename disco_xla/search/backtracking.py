@@ -31,6 +31,7 @@ to the same picosecond as a full simulation of the child.
 
 from __future__ import annotations
 
+import enum
 import gc
 import heapq
 import random
@@ -79,7 +80,21 @@ def greedy_fusion_plan(module: HloModule) -> Plan:
     return producer_consumer_fusion(module, lambda producer, consumer, weight: weight <= 1)
 
 
-MOVE_KINDS = ("all", "fusion", "bucketing")
+class MoveSet(enum.Enum):
+    """Which moves a search makes: every kind, or only fusion or only bucket
+    moves (the ablations `fusion-only` and `bucketing-only`)."""
+
+    ALL = "all"
+    FUSION = "fusion"
+    BUCKETING = "bucketing"
+
+    @property
+    def fuses(self) -> bool:
+        return self is not MoveSet.BUCKETING
+
+    @property
+    def rebuckets(self) -> bool:
+        return self is not MoveSet.FUSION
 
 
 def _bucket_moves(buckets: tuple[tuple[str, ...], ...]) -> list[tuple[int, Callable[[], Rebucket]]]:
@@ -140,7 +155,7 @@ def _refines(plan: Plan, group_of_name: dict[str, int]) -> bool:
 def _neighbours(
     state: PlanState,
     rng: random.Random,
-    kinds: str = "all",
+    kinds: MoveSet = MoveSet.ALL,
     critical: set[str] | None = None,
     group_of_name: dict[str, int] | None = None,
 ) -> Iterator[Move]:
@@ -157,7 +172,7 @@ def _neighbours(
         around.update(state.preds[kernel])
         around.update(state.succs[kernel])
     tiers: list[list[Move]] = [[], [], []]
-    if kinds != "bucketing":
+    if kinds.fuses:
         index = state.index
         if group_of_name is not None:
             within = [
@@ -184,7 +199,7 @@ def _neighbours(
             if state.splittable(kernel):
                 tier = 0 if kernel in critical_kernels else (1 if kernel in around else 2)
                 tiers[tier].append(Split(kernel))
-    if kinds != "fusion":
+    if kinds.rebuckets:
         for first, move in _bucket_moves(state.buckets):
             touched_buckets = {first, first + 1}
             producer_kernels = set(state.producers[first])
@@ -243,7 +258,7 @@ class _Steering:
     number (`within_groups`)."""
 
     settings: OptimizeSettings
-    moves: str  # one of MOVE_KINDS
+    moves: MoveSet
     keep: int
     group_of_name: Mapping[str, int] | None
 
@@ -255,7 +270,7 @@ def search(
     start_plans: list[Plan],
     settings: OptimizeSettings = DEFAULTS,
     *,
-    moves: str = "all",
+    moves: MoveSet = MoveSet.ALL,
     keep: int = 1,
     costs: GroupCosts | None = None,
     within_groups: tuple[tuple[str, ...], ...] | None = None,
@@ -266,8 +281,8 @@ def search(
     `max_evaluations`), relaxed by its `alpha`, with its `seed` breaking ties.
     The result also holds the `keep` best
     distinct plans it evaluated (`SearchResult.top_plans`), the candidates to
-    measure. `moves` limits the search to 'fusion' or
-    'bucketing' moves, for the ablations. The start plans' simulations count as
+    measure. `moves` limits the search to fusion or
+    bucket moves (`MoveSet`), for the ablations. The start plans' simulations count as
     evaluations. `costs` caches kernel times across searches of one module and
     cost model.
 
@@ -279,8 +294,6 @@ def search(
     promise it."""
     if settings.budget_s <= 0 or settings.max_evaluations <= 0:
         raise DiscoInputError("search", "the budget must be positive")
-    if moves not in MOVE_KINDS:
-        raise ValueError(f"moves must be one of {MOVE_KINDS}")
     group_of_name = None if within_groups is None else _group_numbers(within_groups)
     steering = _Steering(settings, moves, keep, group_of_name)
     costs = costs or GroupCosts(module, cost_model, profile.kernel_time_scale)

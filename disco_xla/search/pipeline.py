@@ -52,7 +52,7 @@ from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import DIMENSIONS, Plan, all_gathers, prefetchable_all_gathers, verify_plan
 from disco_xla.search.ablation import departs_from, leave_one_out, realisable_plan
 from disco_xla.search.all_gather_buckets import best_all_gather_buckets
-from disco_xla.search.backtracking import SearchResult, greedy_fusion_plan, search
+from disco_xla.search.backtracking import MoveSet, SearchResult, greedy_fusion_plan, search
 from disco_xla.search.baselines import BASELINES, Baseline, captured_baselines
 from disco_xla.search.chunking import best_chunks
 from disco_xla.search.fusion_source import XlaFusion
@@ -184,7 +184,7 @@ def plan_module(
     if ablations and baselines:
         searches = run.ablations(baselines, results)
         starts += [found.plan for found in searches.values()]
-    searches["found"] = run.search("found", starts, "all", keep)
+    searches["found"] = run.search("found", starts, MoveSet.ALL, keep)
     if baselines and profile.execution == "gpu-streams":
         searches["found"] = run.with_flags_program(
             searches["found"], baselines["xla-nocombine"].plan
@@ -240,12 +240,14 @@ class _Runs:
             "fusion-only": self.search(
                 "fusion-only",
                 [best_of(baselines), greedy_fusion_plan(self.module)],
-                "fusion",
+                MoveSet.FUSION,
             ),
-            "bucketing-only": self.search("bucketing-only", [best_of(fused_by_xla)], "bucketing"),
+            "bucketing-only": self.search(
+                "bucketing-only", [best_of(fused_by_xla)], MoveSet.BUCKETING
+            ),
         }
 
-    def search(self, label: str, starts: list[Plan], moves: str, keep: int = 1) -> SearchResult:
+    def search(self, label: str, starts: list[Plan], moves: MoveSet, keep: int = 1) -> SearchResult:
         """The search from `starts` without their all-gather buckets,
         prefetches and chunks (its moves keep a plan's, and each can make every
         evaluation a full simulation), then the found plan with the fastest

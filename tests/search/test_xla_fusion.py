@@ -10,7 +10,7 @@ import pytest
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan, compute_instructions, verify_plan
 from disco_xla.runtime.xla_runner import NO_COMBINER, compile_module
-from disco_xla.search.backtracking import _critical, _neighbours, critical_names
+from disco_xla.search.backtracking import MoveSet, _critical, _neighbours, critical_names
 from disco_xla.search.baselines import BASELINES, captured_baselines
 from disco_xla.search.fusion_source import compiled_fusion
 from disco_xla.search.moves import Fuse, Rebucket
@@ -184,7 +184,7 @@ def test_the_seen_set_key_tells_different_child_plans_apart(step_and_compiled):
     group_hashes = [_group_hash(g) for g in plan.fusion_groups]
     groups_key = sum(_mix(h) for h in group_hashes) % (1 << 64)
     children = {}
-    for move in _neighbours(state, random.Random(0), "fusion", critical_names(state)):
+    for move in _neighbours(state, random.Random(0), MoveSet.FUSION, critical_names(state)):
         child = move.child_plan(state)
         identity = (frozenset(child.fusion_groups), child.all_reduce_buckets)
         children.setdefault(_child_key(state, groups_key, move, group_hashes), set()).add(identity)
