@@ -21,6 +21,7 @@ original, untried (`reuses_original`).
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Callable
@@ -38,22 +39,44 @@ TIMING_TARGET_S = 2.0
 MAX_TIMING_ROUNDS = 5 * TIMING_ROUNDS
 
 
+class RecordState(enum.Enum):
+    """What a signature runs, and why (`SignatureRecord.state`)."""
+
+    CALLED_ONCE = "called once"  # the original; a step is optimised on its second call
+    PENDING = "pending"  # the original, while the trial has not decided
+    OPTIMIZED = "optimized"  # the rewritten program, checked equal
+    ORIGINAL_FASTER = "original faster"  # the original, measured as fast or faster here
+    FALLBACK = "fallback"  # the original, because something failed or differed: it warns
+    NOT_DATA_PARALLEL = "not data-parallel"  # the original: nothing to optimise
+
+
 @dataclass
 class SignatureRecord:
-    """What one argument signature of a step runs, and what its trial found."""
+    """What one argument signature of a step runs (`state`), what the user is
+    told of it (`status`), and what its trial found."""
 
     status: str  # 'optimized ...', 'not data-parallel', or 'original: <reason>'
-    run: Callable | None = None  # the rewritten program, when status is 'optimized'
+    state: RecordState = RecordState.PENDING
+    run: Callable | None = None  # the rewritten program, when the state is OPTIMIZED
     plan: Any = None
     timing: tuple[float, float] | None = None  # (original, rewritten) median seconds per step
     comparison: Any = None  # the `OutputComparison` of the program timed against the original
     candidates: dict[str, dict] = field(default_factory=dict)  # see WrappedStep.measurements
 
+    def set(self, state: RecordState, status: str) -> None:
+        self.state, self.status = state, status
 
-def is_fallback(status: str) -> bool:
-    """Whether a signature with `status` runs the original because something
-    failed or differed (which warns), not because the original is faster."""
-    return status.startswith("original: ") and not status.startswith("original: faster here")
+    def fall_back(self, why: str) -> None:
+        """Run the original because of `why` (a failure or a difference)."""
+        self.run = None
+        self.set(RecordState.FALLBACK, "original: " + why)
+
+
+def fallback_record(why: str, record_type: type = SignatureRecord) -> SignatureRecord:
+    """A record that runs the original because of `why`."""
+    record = record_type("")
+    record.fall_back(why)
+    return record
 
 
 def timing_rounds(round_s: float, budget_s: float) -> int:
@@ -205,20 +228,19 @@ class Trial:
         original)."""
         record.plan = self.choice.plan
         if self.reuses_original:
-            record.status = self.cached_original_status()
+            record.set(RecordState.ORIGINAL_FASTER, self.cached_original_status())
             record.candidates = self.report("original")
             return self.original()
         measuring = self.settings.check_speed
         equal = self.first_agreeing(all_at_once=measuring)
         if not equal:
-            record.status = "original: " + self.why()
+            record.fall_back(self.why())
             record.candidates = self.report("original")
             return self.original_result
         try:
             self.finish(record, self.fastest(equal) if measuring else equal[0])
         except Exception as error:  # noqa: BLE001 - never break training
-            record.run = None
-            record.status = "original: the speed check failed: " + one_line(error)
+            record.fall_back("the speed check failed: " + one_line(error))
             record.candidates = self.report("original")
         return self.original_result
 
@@ -394,10 +416,14 @@ class Trial:
         if chosen == "original":
             others = [label for label in self.measured_s if label != "original"]
             timed = min(others, key=self.measured_s.__getitem__)
-            record.status = self.original_status(timed)
             record.run = None
+            faster = self.original_status(timed)
+            if faster is None:
+                record.fall_back(self.why())
+            else:
+                record.set(RecordState.ORIGINAL_FASTER, faster)
         else:
-            record.status = self.status_of(chosen)
+            record.set(RecordState.OPTIMIZED, self.status_of(chosen))
             record.plan = self.plans[chosen][0]
             self._install(record, chosen)
         record.comparison = self.comparisons.get(timed)
@@ -426,12 +452,12 @@ class Trial:
         differently from the original ('; differs ...', or '')."""
         return ""
 
-    def original_status(self, best: str) -> str:
+    def original_status(self, best: str) -> str | None:
         """The status when every agreeing candidate, `best` the fastest, was
-        slower than the original."""
+        slower than the original (None where it was not: no candidate ran)."""
         return slower_status(
             self.measured_s["original"], self.measured_s[best], self.status_of(best)
-        ) or ("original: " + self.why())
+        )
 
     def cached_original_status(self) -> str:
         """The status when the plan cache records that the original ran faster

@@ -44,7 +44,7 @@ from jax._src.array import ArrayImpl
 
 from disco_xla.capture import lowered_module
 from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
-from disco_xla.driver.trial import is_fallback, one_line
+from disco_xla.driver.trial import RecordState, fallback_record, one_line
 from disco_xla.frontends.jax_background import BackgroundTrial
 from disco_xla.frontends.jax_trial import (
     CallArguments,
@@ -101,7 +101,7 @@ class OptimizedFunction(WrappedStep):
             compiled, result = self._first_in_background(call)
             self._by_signature[signature] = compiled
             return result
-        if compiled is None or compiled.status == CALLED_ONCE:
+        if compiled is None or compiled.state is RecordState.CALLED_ONCE:
             call = CallArguments(self, args, kwargs, leaves, signature.tree)
             if self._settings.background:
                 compiled, result = self._start_in_background(call)
@@ -121,8 +121,7 @@ class OptimizedFunction(WrappedStep):
             for i in compiled.delete_after:
                 leaves[i].delete()
         except Exception as error:  # noqa: BLE001 - never break training
-            compiled.run = None
-            compiled.status = f"original: the rewritten program failed: {one_line(error)}"
+            compiled.fall_back(f"the rewritten program failed: {one_line(error)}")
             _warn(self, compiled.status)
             if any(deleted(leaf) for leaf in leaves):
                 raise  # it took the donated arguments: nothing is left to run on
@@ -157,7 +156,7 @@ class OptimizedFunction(WrappedStep):
             except Exception:  # noqa: BLE001 - then it is found on the second call
                 lowered = None
         if lowered is None:
-            return JaxSignatureRecord(CALLED_ONCE), result
+            return JaxSignatureRecord(CALLED_ONCE, RecordState.CALLED_ONCE), result
         return self._in_background(call, lowered), result
 
     def _start_in_background(self, call: CallArguments) -> tuple[Any, Any]:
@@ -166,7 +165,9 @@ class OptimizedFunction(WrappedStep):
         try:
             lowered = self._original.lower(*call.args, **call.kwargs)
         except Exception as error:  # noqa: BLE001
-            record = JaxSignatureRecord(f"original: could not capture the step: {one_line(error)}")
+            record = fallback_record(
+                f"could not capture the step: {one_line(error)}", JaxSignatureRecord
+            )
             _warn(self, record.status)
             return record, call.original(keep_copies=False)
         result = call.original(keep_copies=False)
@@ -221,16 +222,19 @@ class OptimizedFunction(WrappedStep):
             if data_parallel:
                 module = prepared(module)
         except Exception as error:  # noqa: BLE001
-            why = f"original: could not capture the step: {one_line(error)}"
-            compiled = JaxSignatureRecord(why)
+            why = f"could not capture the step: {one_line(error)}"
+            compiled = fallback_record(why, JaxSignatureRecord)
             _warn(self, compiled.status)
             return compiled, call.original()
         if not data_parallel:
-            return JaxSignatureRecord("not data-parallel"), call.original()
+            return JaxSignatureRecord(
+                "not data-parallel", RecordState.NOT_DATA_PARALLEL
+            ), call.original()
         try:
             compiled, result = self._optimize(module, lowered, call)
         except Exception as error:  # noqa: BLE001 - never break training
-            compiled, result = JaxSignatureRecord(f"original: {one_line(error)}"), call.result
+            compiled = fallback_record(one_line(error), JaxSignatureRecord)
+            result = call.result
             _warn(self, compiled.status)
             if result is None:  # the original has not run yet
                 result = call.original()
@@ -262,7 +266,7 @@ class OptimizedFunction(WrappedStep):
         trial = JaxTrial(self, module, choice, lowered, executable, record, step, problem)
         trial.call = call
         result = trial.run_first_call(record)
-        if is_fallback(record.status):
+        if record.state is RecordState.FALLBACK:
             _warn(self, record.status)
         return record, result
 

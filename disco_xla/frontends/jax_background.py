@@ -35,7 +35,7 @@ import jax
 
 from disco_xla.capture import lowered_module
 from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
-from disco_xla.driver.trial import TIMING_ROUNDS, is_fallback, one_line
+from disco_xla.driver.trial import TIMING_ROUNDS, RecordState, fallback_record, one_line
 from disco_xla.frontends.jax_trial import (
     CallArguments,
     JaxSignatureRecord,
@@ -66,6 +66,7 @@ class BackgroundTrial:
     def __init__(self, function: OptimizedFunction, lowered, step: int, first: CallArguments):
         self.function, self.lowered, self.step = function, lowered, step
         self.status = "original: optimising in the background"
+        self.state = RecordState.PENDING
         self.plan: Any = None
         self.candidates: dict[str, dict] = {}
         self.final: JaxSignatureRecord | None = None
@@ -157,11 +158,12 @@ class BackgroundTrial:
         if not ready:  # a rank's background work failed: all run the original
             return self._give_up(call, self._failure or "another rank could not optimise")
         if not self._data_parallel:
-            self.final = JaxSignatureRecord("not data-parallel")
+            self.final = JaxSignatureRecord("not data-parallel", RecordState.NOT_DATA_PARALLEL)
             return call.original(keep_copies=False)
         if self._trial.reuses_original:  # the plan cache says the original is faster here
             record = self._trial.record
-            record.status = self._trial.cached_original_status() + donation_note(self._first)
+            faster = self._trial.cached_original_status() + donation_note(self._first)
+            record.set(RecordState.ORIGINAL_FASTER, faster)
             record.candidates = self._trial.report("original")
             self.final = record
             return call.original(keep_copies=False)
@@ -182,7 +184,7 @@ class BackgroundTrial:
         return "2" not in answers
 
     def _give_up(self, call: CallArguments, why: str, result: Any = None) -> Any:
-        self.final = JaxSignatureRecord(f"original: {why}" + donation_note(self._first))
+        self.final = fallback_record(why + donation_note(self._first), JaxSignatureRecord)
         self.final.candidates = self._trial.report("original") if self._trial else {}
         self.function._warn("jit", self.final.status, stacklevel=5, once=True)
         if result is None and call.result is None:
@@ -259,7 +261,7 @@ class BackgroundTrial:
         self._trial.finish(record, chosen)
         record.status += donation_note(self._first)
         self.final = record
-        if is_fallback(record.status):
+        if record.state is RecordState.FALLBACK:
             self.function._warn("jit", record.status, stacklevel=5, once=True)
 
 

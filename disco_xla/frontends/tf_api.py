@@ -41,7 +41,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from disco_xla.driver.trial import SignatureRecord, is_fallback, one_line
+from disco_xla.driver.trial import RecordState, SignatureRecord, fallback_record, one_line
 from disco_xla.frontends.tf_trial import (
     TfTrial,
     bound_arguments,
@@ -108,9 +108,9 @@ class TfFunction(WrappedStep):
             key = (concrete_function, shapes_of(flat))
         except Exception as error:  # noqa: BLE001 - never break training
             if (concrete_function, None) not in self._by_signature:
-                status = f"original: could not flatten the arguments: {one_line(error)}"
-                self._by_signature[(concrete_function, None)] = SignatureRecord(status)
-                _warn(self, status, depth=1)
+                record = fallback_record(f"could not flatten the arguments: {one_line(error)}")
+                self._by_signature[(concrete_function, None)] = record
+                _warn(self, record.status, depth=1)
             return self._original(*args, **kwargs)
         signature = self._by_signature.get(key)
         if signature is None and self._settings.cluster == AUTO_CLUSTER:
@@ -124,8 +124,7 @@ class TfFunction(WrappedStep):
         try:
             flat_outputs = signature.run(*flat)
         except Exception as error:  # noqa: BLE001 - never break training
-            signature.run = None
-            signature.status = f"original: the rewritten program failed: {one_line(error)}"
+            signature.fall_back(f"the rewritten program failed: {one_line(error)}")
             _warn(self, signature.status, depth=1)
             return self._original(*args, **kwargs)
         self.last_used = "optimized"
@@ -143,12 +142,12 @@ class TfFunction(WrappedStep):
             trial = TfTrial(self, module, layout, concrete_function, flat, args, kwargs)
             result = trial.run_first_call(record)
         except Exception as error:  # noqa: BLE001 - never break training
-            record.run, record.status = None, "original: " + one_line(error)
+            record.fall_back(one_line(error))
             if trial is not None:
                 record.candidates = trial.report("original")
             ran = trial is not None and trial.original_ran
             result = trial.original_result if ran else self._original(*args, **kwargs)
-        if is_fallback(record.status):
+        if record.state is RecordState.FALLBACK:
             _warn(self, record.status)
         return record, result
 
