@@ -12,7 +12,13 @@ from tqdm import tqdm
 
 from disco_xla.cli.apply import add_write_checks, write_checked, written_line
 from disco_xla.cli.report import write_report
-from disco_xla.cli.shared import add_xla_dump, load_dump, load_for_planning, use_devices
+from disco_xla.cli.shared import (
+    add_setting_options,
+    add_xla_dump,
+    load_dump,
+    load_for_planning,
+    use_devices,
+)
 from disco_xla.cli.simulate import COST_MODELS
 from disco_xla.errors import DiscoInputError
 from disco_xla.runtime.xla_runner import compile_separately
@@ -20,7 +26,7 @@ from disco_xla.search.fusion_source import xla_fusion_of
 from disco_xla.search.pipeline import Pricing, plan_module, pricing
 from disco_xla.search.summary import comparison_summary, format_table
 from disco_xla.search.xla_flags import XlaFlags, closest_xla_flags
-from disco_xla.settings import DEFAULTS, OptimizeSettings
+from disco_xla.settings import DEFAULTS, OptimizeSettings, settings_declared
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
@@ -33,16 +39,7 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         required=True,
         help="profile name or YAML path, either as NAME@NODESxDEVICES at another scale",
     )
-    optimize.add_argument(
-        "--budget-s", type=float, default=DEFAULTS.budget_s, help="search time budget"
-    )
-    optimize.add_argument(
-        "--max-evals", type=int, default=DEFAULTS.max_evaluations, help="plans to simulate at most"
-    )
-    optimize.add_argument(
-        "--alpha", type=float, default=DEFAULTS.alpha, help="keep children below alpha x best"
-    )
-    optimize.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    add_setting_options(optimize)
     add_xla_dump(optimize)
     optimize.add_argument("--cost-model", choices=COST_MODELS, default=DEFAULTS.cost_model)
     optimize.add_argument("--table", help="measured kernel times (JSON) for --cost-model table")
@@ -51,20 +48,6 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
         "--output",
         required=True,
         help="PLAN.json, or a module path (.pb, .txt, ...) to search and apply in one go",
-    )
-    optimize.add_argument(
-        "--candidates",
-        type=int,
-        default=DEFAULTS.candidates,
-        help="with -o MODULE: measure the search's best K plans, the first one's buckets "
-        f"alone and the best baseline, and write the fastest (default {DEFAULTS.candidates})",
-    )
-    optimize.add_argument(
-        "--measure-budget-s",
-        type=float,
-        default=DEFAULTS.measure_budget_s,
-        help="the most the timed rounds of that measurement may take "
-        f"(default {DEFAULTS.measure_budget_s:g})",
     )
     optimize.add_argument(
         "--measure",
@@ -143,29 +126,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    if args.budget_s <= 0 or args.max_evals <= 0:
-        raise DiscoInputError("optimize", "--budget-s and --max-evals must be positive")
+    for name, setting in settings_declared().items():
+        if setting.cli_option and setting.positive and getattr(args, name) <= 0:
+            raise DiscoInputError("optimize", f"{setting.cli_option} must be positive")
     if args.alpha < 1:
         raise DiscoInputError("optimize", "--alpha must be at least 1")
     if args.measure and args.no_check:
         raise DiscoInputError("optimize", "--measure runs the candidates; --no-check does not")
-    if args.candidates < 1 or args.measure_budget_s <= 0:
-        raise DiscoInputError(
-            "optimize", "--candidates must be at least 1 and --measure-budget-s positive"
-        )
 
 
 def _settings(args: argparse.Namespace) -> OptimizeSettings:
-    return OptimizeSettings(
-        cluster=args.cluster,
-        budget_s=args.budget_s,
-        max_evaluations=args.max_evals,
-        alpha=args.alpha,
-        seed=args.seed,
-        cost_model=args.cost_model,
-        candidates=args.candidates,
-        measure_budget_s=args.measure_budget_s,
-    )
+    offered = {name for name, setting in settings_declared().items() if setting.cli_option}
+    chosen = {name: getattr(args, name) for name in offered}
+    return OptimizeSettings(cluster=args.cluster, cost_model=args.cost_model, **chosen)
 
 
 def _search(args: argparse.Namespace, module, settings: OptimizeSettings, prices: Pricing):
@@ -177,7 +150,7 @@ def _search(args: argparse.Namespace, module, settings: OptimizeSettings, prices
     bars = []
 
     def on_search(label: str):
-        bar = tqdm(total=args.max_evals, disable=quiet, desc=label, leave=False)
+        bar = tqdm(total=args.max_evaluations, disable=quiet, desc=label, leave=False)
         bars.append(bar)
 
         def progress(evaluations: int, best_s: float) -> None:

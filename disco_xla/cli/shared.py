@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Iterator
+from dataclasses import fields
 
 import jax
 
@@ -15,6 +16,7 @@ from disco_xla.hlo.hlo_io import load_module
 from disco_xla.hlo_passes.create_reduce_scatters import CreateReduceScatters
 from disco_xla.plan import Plan
 from disco_xla.runtime.xla_runner import devices_needed, partition_module
+from disco_xla.settings import DEFAULTS, OptimizeSettings, settings_declared
 from disco_xla.timing import CPU_LATENCY_DEVICE, cpus_kept_awake
 
 
@@ -95,3 +97,24 @@ def add_keep_cpus_awake(parser: argparse.ArgumentParser) -> None:
         help="hold the CPUs' wake-up latency at 0 while measuring (Linux PM QoS; needs "
         "write access to /dev/cpu_dma_latency), for runs made under the same setting",
     )
+
+
+_OPTION_TYPES = {"int": int, "float": float, "str": str}
+
+
+def add_setting_options(parser: argparse.ArgumentParser) -> None:
+    """An option for each setting the settings offer the CLI
+    (`settings.Setting.cli_option`), with its type, default and help text; its
+    value lands under the setting's own name."""
+    types = {f.name: str(f.type) for f in fields(OptimizeSettings)}
+    for name, setting in settings_declared().items():
+        if setting.cli_option is None:
+            continue
+        default = getattr(DEFAULTS, name)
+        parser.add_argument(
+            setting.cli_option,
+            dest=name,
+            type=_OPTION_TYPES[types[name]],
+            default=default,
+            help=f"{setting.help} (default {default:g})",
+        )

@@ -39,7 +39,12 @@ import shlex
 import sys
 from dataclasses import dataclass, fields
 
-from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
+from disco_xla.settings import (
+    AUTO_CLUSTER,
+    WRAPPED_STEP_DEFAULTS,
+    OptimizeSettings,
+    settings_declared,
+)
 
 # `import disco_xla` imports this module (so does the `.pth` hook, at interpreter start,
 # when DISCO_XLA_FLAGS is set): absl, JAX and `jax_api` are imported inside the
@@ -62,67 +67,42 @@ class HookFlags(OptimizeSettings):
         return OptimizeSettings(**{f.name: getattr(self, f.name) for f in fields(OptimizeSettings)})
 
 
-# The hook's flags, as DISCO_XLA_FLAGS takes them: (absl flag type, name, default, help).
-_FLAG_DEFINITIONS: tuple[tuple[str, str, object, str], ...] = (
-    ("boolean", "disco_enable", False, "optimise data-parallel JAX steps"),
-    (
-        "string",
-        "disco_cluster",
-        WRAPPED_STEP_DEFAULTS.cluster,
-        "cluster profile: name, YAML path, NAME@NODESxDEVICES, or auto (read from the devices)",
-    ),
-    ("float", "disco_budget_s", WRAPPED_STEP_DEFAULTS.budget_s, "search budget per step, seconds"),
-    (
-        "integer",
-        "disco_max_evaluations",
-        WRAPPED_STEP_DEFAULTS.max_evaluations,
-        "plans simulated per search",
-    ),
-    ("integer", "disco_seed", WRAPPED_STEP_DEFAULTS.seed, "search seed"),
-    ("string", "disco_cost_model", WRAPPED_STEP_DEFAULTS.cost_model, "kernel cost model"),
-    ("string", "disco_cache_dir", None, "plan cache (default ~/.cache/disco_xla)"),
-    ("boolean", "disco_cache", WRAPPED_STEP_DEFAULTS.use_cache, "use the plan cache"),
-    (
-        "boolean",
-        "disco_check_speed",
-        WRAPPED_STEP_DEFAULTS.check_speed,
-        "time the candidates on the first call and run the fastest (or the original)",
-    ),
-    (
-        "integer",
-        "disco_candidates",
-        WRAPPED_STEP_DEFAULTS.candidates,
-        "the search's best plans timed on the first call",
-    ),
-    (
-        "boolean",
-        "disco_background",
-        WRAPPED_STEP_DEFAULTS.background,
-        "search, compile and time the candidates off the step's critical path",
-    ),
-    (
-        "string",
-        "disco_report",
-        None,
-        "at exit, write each optimised step's status and measurements to this JSON file "
-        "(rank r > 0 of a multi-process job writes FILE.r)",
-    ),
-    (
-        "float",
-        "disco_measure_budget_s",
-        WRAPPED_STEP_DEFAULTS.measure_budget_s,
-        "wall-clock cap on timing the candidates, seconds",
-    ),
-)
+# The absl flag type of each kind of setting (`settings.Setting.hook_flag`).
+_ABSL_TYPES = {"bool": "boolean", "int": "integer", "float": "float"}
+
+
+def _flag_definitions() -> list[tuple[str, str, object, str, str | None]]:
+    """The hook's flags, as DISCO_XLA_FLAGS takes them: (absl flag type, name,
+    default, help, the `OptimizeSettings` field it sets or None): its own
+    (`--disco_enable`, `--disco_report`), then each setting the settings
+    declare a hook flag for, with the wrapped step's default."""
+    flags = [
+        ("boolean", "disco_enable", False, "optimise data-parallel JAX steps", None),
+        (
+            "string",
+            "disco_report",
+            None,
+            "at exit, write each optimised step's status and measurements to this JSON file "
+            "(rank r > 0 of a multi-process job writes FILE.r)",
+            None,
+        ),
+    ]
+    types = {f.name: str(f.type) for f in fields(OptimizeSettings)}
+    for name, setting in settings_declared().items():
+        if setting.hook_flag is not None:
+            kind = _ABSL_TYPES.get(types[name], "string")
+            default = getattr(WRAPPED_STEP_DEFAULTS, name)
+            flags.append((kind, setting.hook_flag, default, setting.help, name))
+    return flags
 
 
 def _flag_values():
-    """A fresh absl `FlagValues` holding the hook's flags (`_FLAG_DEFINITIONS`),
+    """A fresh absl `FlagValues` holding the hook's flags (`_flag_definitions`),
     apart from the script's own absl flags."""
     from absl import flags
 
     values = flags.FlagValues()
-    for flag_type, name, default, help_text in _FLAG_DEFINITIONS:
+    for flag_type, name, default, help_text, _ in _flag_definitions():
         define = getattr(flags, f"DEFINE_{flag_type}")
         define(name, default, help_text, flag_values=values)
     return values
@@ -148,27 +128,17 @@ def parse_flags(text: str) -> HookFlags:
         raise ValueError(f"unknown flag --{error.flagname} (known: {known})") from None
     except flags.Error as error:
         raise ValueError(" ".join(str(error).split())) from None
-    for name in ("budget_s", "max_evaluations", "candidates", "measure_budget_s"):
-        if getattr(values, f"disco_{name}") <= 0:
-            raise ValueError(f"--disco_{name} must be positive")
+    definitions = _flag_definitions()
+    for _, flag, _, _, name in definitions:
+        if name and settings_declared()[name].positive and getattr(values, flag) <= 0:
+            raise ValueError(f"--{flag} must be positive")
+    if values.disco_alpha < 1:
+        raise ValueError("--disco_alpha must be at least 1")
     report = values.disco_report
     if report is not None and not os.path.isdir(os.path.dirname(os.path.abspath(report))):
         raise ValueError(f"--disco_report={report}: its folder does not exist")
-    return HookFlags(
-        enable=values.disco_enable,
-        report=values.disco_report,
-        cluster=values.disco_cluster,
-        budget_s=values.disco_budget_s,
-        max_evaluations=values.disco_max_evaluations,
-        seed=values.disco_seed,
-        cost_model=values.disco_cost_model,
-        cache_dir=values.disco_cache_dir,
-        use_cache=values.disco_cache,
-        check_speed=values.disco_check_speed,
-        candidates=values.disco_candidates,
-        measure_budget_s=values.disco_measure_budget_s,
-        background=values.disco_background,
-    )
+    settings = {name: getattr(values, flag) for _, flag, _, _, name in definitions if name}
+    return HookFlags(enable=values.disco_enable, report=report, **settings)
 
 
 _installed: HookFlags | None = None
