@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from disco_xla.errors import DiscoInputError
 from disco_xla.hlo import hlo_schema
+from disco_xla.hlo.analysis_cache import AnalysisCache
 from disco_xla.hlo.devices import already_partitioned, device_counts, needs_partitioning
 from disco_xla.hlo.flops import estimate_flops, total_flops
 from disco_xla.hlo.opcodes import (
@@ -176,6 +177,7 @@ class HloModule:
         self.name: str = proto.name
         if not proto.computations:
             raise DiscoInputError(source, "not an HloModuleProto: it has no computations")
+        self.analyses = AnalysisCache()  # what later stages work out about it
         self._build_view()
 
     def _build_view(self) -> None:
@@ -193,10 +195,12 @@ class HloModule:
         Instructions are re-ordered in the proto so that each comes after its
         operands, and computations so that each comes after those it calls, as
         XLA requires when it reads a proto; a pass may therefore append new
-        instructions and computations anywhere. Cached analyses are dropped.
+        instructions and computations anywhere. Cached analyses are dropped
+        (`analyses`, and the module's own).
         """
         for name in ("all_reduces", "total_flops", "fingerprint"):
             self.__dict__.pop(name, None)
+        self.analyses.clear()
         self._build_view()
         if _reorder(self.proto.computations, self._callees_first()):
             self._build_view()

@@ -94,18 +94,15 @@ class Kernel:
         return hashlib.sha1("|".join(parts).encode()).hexdigest()
 
 
-# Each instruction's part of a structural hash around its operands, by id. The
-# entry keeps the instruction alive, so its id cannot be reused while cached.
-_SIGNATURES: dict[int, tuple[Instruction, str, str]] = {}
-_MAX_SIGNATURES = 500_000
-
-
 def _signature(instr: Instruction) -> tuple[str, str]:
     """The text before and after the operands in `instr`'s part of a structural
-    hash: opcode and shape, then attributes."""
-    found = _SIGNATURES.get(id(instr))
-    if found is not None and found[0] is instr:
-        return found[1], found[2]
+    hash: opcode and shape, then attributes. Kept beside the module by
+    instruction id (`HloModule.analyses`; the module's view holds its
+    instructions, so an id is not reused while the entry lives)."""
+    signatures = instr.computation.module.analyses.get(_signature, dict)
+    found = signatures.get(id(instr))
+    if found is not None:
+        return found
     proto = instr.proto
     dot = proto.dot_dimension_numbers
     attributes = (
@@ -129,11 +126,8 @@ def _signature(instr: Instruction) -> tuple[str, str]:
             list(conv.output_spatial_dimensions),
             [proto.feature_group_count, proto.batch_group_count],
         )
-    if len(_SIGNATURES) >= _MAX_SIGNATURES:
-        _SIGNATURES.clear()
-    before, after = f"{instr.opcode}:{instr.shape}:", f":{attributes}"
-    _SIGNATURES[id(instr)] = (instr, before, after)
-    return before, after
+    found = signatures[id(instr)] = (f"{instr.opcode}:{instr.shape}:", f":{attributes}")
+    return found
 
 
 @dataclass(frozen=True)

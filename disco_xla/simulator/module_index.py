@@ -5,7 +5,6 @@ FLOPs, built once per module (`module_index`)."""
 
 from __future__ import annotations
 
-import weakref
 from functools import cached_property
 
 from disco_xla.hlo.graph import COLLECTIVE_OPCODES, HloModule, Instruction
@@ -322,12 +321,7 @@ class ModuleIndex:
         return through[atom]
 
 
-_INDEXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def module_index(module: HloModule) -> ModuleIndex:
-    """The module's index, built on first use and kept while the module lives."""
-    index = _INDEXES.get(module)
-    if index is None:
-        index = _INDEXES[module] = ModuleIndex(module)
-    return index
+    """The module's index, built on first use and kept beside it
+    (`HloModule.analyses`)."""
+    return module.analyses.get(ModuleIndex, lambda: ModuleIndex(module))

@@ -12,7 +12,6 @@ order `kernel_order` gives: Kahn's algorithm by `order_priorities`.
 from __future__ import annotations
 
 import heapq
-import weakref
 from itertools import repeat
 from typing import NamedTuple
 
@@ -38,24 +37,19 @@ class KernelPart(NamedTuple):
     runs: int  # how many times this instance runs in one step (`ModuleIndex.runs`)
 
 
-_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def group_parts(index: ModuleIndex, group: tuple[str, ...]) -> tuple[KernelPart, ...]:
     """The group's kernel in each instance of its computation, call keys in
     order, built once per module."""
-    cache = _PARTS.get(index)
-    if cache is None:
-        cache = _PARTS[index] = {}
-    found = cache.get(group)
-    if found is None:
+
+    def parts() -> tuple[KernelPart, ...]:
         members = [id(index.by_name[name]) for name in group]
         computation = index.by_name[group[0]].computation
-        found = cache[group] = tuple(
+        return tuple(
             _part(index, tuple(index.atom_of[(member, key)] for member in members), key)
             for key in index.instances.get(computation.name, [()])
         )
-    return found
+
+    return index.module.analyses.get((group_parts, group), parts)
 
 
 def _part(index: ModuleIndex, atoms: tuple[int, ...], key: CallKey) -> KernelPart:
@@ -250,26 +244,24 @@ class Collectives(NamedTuple):
     name_of: dict[int, str]  # the instruction name of every collective atom
 
 
-_COLLECTIVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def module_collectives(index: ModuleIndex) -> Collectives:
-    """`Collectives` of the index's module, built once per module."""
-    found = _COLLECTIVES.get(index)
-    if found is None:
-        gradients = {a.name for a in index.module.gradient_all_reduces}
-        others = [
-            atom
-            for atom, compute in enumerate(index.is_compute)
-            if not compute and index.atoms[atom][0].name not in gradients
-        ]
-        found = _COLLECTIVES[index] = Collectives(
-            others,
-            {name: collective_info(index, index.atoms_of_name[name]) for name in gradients},
-            [collective_info(index, [atom]) for atom in others],
-            {a: index.atoms[a][0].name for a in range(len(index.atoms)) if not index.is_compute[a]},
-        )
-    return found
+    """`Collectives` of the index's module, built once per module (`HloModule.analyses`)."""
+    return index.module.analyses.get(module_collectives, lambda: _collectives(index))
+
+
+def _collectives(index: ModuleIndex) -> Collectives:
+    gradients = {a.name for a in index.module.gradient_all_reduces}
+    others = [
+        atom
+        for atom, compute in enumerate(index.is_compute)
+        if not compute and index.atoms[atom][0].name not in gradients
+    ]
+    return Collectives(
+        others,
+        {name: collective_info(index, index.atoms_of_name[name]) for name in gradients},
+        [collective_info(index, [atom]) for atom in others],
+        {a: index.atoms[a][0].name for a in range(len(index.atoms)) if not index.is_compute[a]},
+    )
 
 
 class OtherTasks(NamedTuple):
@@ -283,11 +275,9 @@ class OtherTasks(NamedTuple):
     merged: list[bool]  # per task: a bucket of several all-gathers
 
 
-_OTHER_TASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def other_tasks(index: ModuleIndex, all_gather_buckets) -> OtherTasks:
-    """`OtherTasks` of a plan with `all_gather_buckets` (cached per module)."""
+    """`OtherTasks` of a plan with `all_gather_buckets` (kept beside the
+    module, `HloModule.analyses`)."""
     collectives = module_collectives(index)
     several = tuple(tuple(bucket) for bucket in all_gather_buckets if len(bucket) > 1)
     if not several:
@@ -295,10 +285,12 @@ def other_tasks(index: ModuleIndex, all_gather_buckets) -> OtherTasks:
         return OtherTasks(
             [(a,) for a in collectives.others], collectives.other_info, [False] * count
         )
-    cache = _OTHER_TASKS.setdefault(index, {})
-    found = cache.get(several)
-    if found is not None:
-        return found
+    return index.module.analyses.get(
+        (other_tasks, several), lambda: _merged_tasks(index, collectives, several)
+    )
+
+
+def _merged_tasks(index: ModuleIndex, collectives: Collectives, several) -> OtherTasks:
     bucket_of = {name: number for number, bucket in enumerate(several) for name in bucket}
     slot_of: dict[tuple[int, CallKey], int] = {}
     members: list[list[tuple[int, CollectiveInfo]]] = []
@@ -312,12 +304,11 @@ def other_tasks(index: ModuleIndex, all_gather_buckets) -> OtherTasks:
             members.append([(atom, info)])
         else:
             members[slot].append((atom, info))
-    found = cache[several] = OtherTasks(
+    return OtherTasks(
         [tuple(atom for atom, _ in task) for task in members],
         [_merged_info([info for _, info in task]) for task in members],
         [len(task) > 1 for task in members],
     )
-    return found
 
 
 def _merged_info(infos: list[CollectiveInfo]) -> CollectiveInfo:

@@ -3,8 +3,6 @@ and the figures of the module that no plan changes."""
 
 from __future__ import annotations
 
-import weakref
-
 from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import bucket_kinds, gradient_dependencies
 from disco_xla.simulator.cost_models import CostModel
@@ -52,23 +50,11 @@ class GroupCosts:
         return found
 
 
-_DEPENDENCIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def gradient_dependencies_of(module: HloModule) -> dict[str, frozenset[str]]:
-    """`plan.gradient_dependencies`, computed once per module."""
-    found = _DEPENDENCIES.get(module)
-    if found is None:
-        found = _DEPENDENCIES[module] = gradient_dependencies(module)
-    return found
-
-
-_KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    """`plan.gradient_dependencies`, computed once per module (`HloModule.analyses`)."""
+    return module.analyses.get(gradient_dependencies, lambda: gradient_dependencies(module))
 
 
 def bucket_kinds_of(module: HloModule) -> dict[str, tuple]:
-    """`plan.bucket_kinds`, computed once per module."""
-    found = _KINDS.get(module)
-    if found is None:
-        found = _KINDS[module] = bucket_kinds(module)
-    return found
+    """`plan.bucket_kinds`, computed once per module (`HloModule.analyses`)."""
+    return module.analyses.get(bucket_kinds, lambda: bucket_kinds(module))
