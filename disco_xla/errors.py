@@ -16,3 +16,12 @@ class DiscoInputError(Exception):
 
 class RewriteError(RuntimeError):
     """The rewritten module failed its own verification."""
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line of at most 300 characters, with its type; one
+    whose type says its message is for users whole (`shown_whole`, as
+    `NoProfileError`'s says how to write a profile) as its message, whole."""
+    if getattr(error, "shown_whole", False):
+        return " ".join(str(error).split())
+    return " ".join(f"{type(error).__name__}: {error}".split())[:300]

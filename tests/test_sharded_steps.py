@@ -189,7 +189,7 @@ _SHARDED_SCRIPT = """
 
 
 def test_the_environment_hook_optimises_an_unmodified_sharded_script(tmp_path):
-    from tests.test_env_hook import _python
+    from tests.frontends.test_env_hook import _python
 
     flags = (
         "--disco_enable --disco_max_evaluations=10 --nodisco_check_speed --nodisco_background "

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disco_xla.driver.planning import remember_measurement
+from disco_xla.errors import one_line
 from disco_xla.settings import OptimizeSettings
-from disco_xla.simulator.profile_choice import NoProfileError
 from disco_xla.timing import rotating_median_seconds
 
 # Timing the candidates: rounds of every program once.
@@ -506,11 +506,3 @@ class Trial:
 
     def why(self) -> str:
         return "; ".join(dict.fromkeys(self.problems)) or "no program agreed with the original"
-
-
-def one_line(error: BaseException) -> str:
-    """An exception as one line of at most 300 characters, with its type; a
-    `NoProfileError` as its message, whole (it says how to write a profile)."""
-    if isinstance(error, NoProfileError):
-        return " ".join(str(error).split())
-    return " ".join(f"{type(error).__name__}: {error}".split())[:300]

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from disco_xla.driver.trial import one_line
+from disco_xla.errors import one_line
 from disco_xla.settings import AUTO_CLUSTER, OptimizeSettings
 from disco_xla.simulator.profile_choice import (
     DeviceDescription,

@@ -37,6 +37,8 @@ class NoProfileError(RuntimeError):
     """`cluster="auto"` found no cluster profile for the devices; the message
     says why and how to write one."""
 
+    shown_whole = True  # its message says how to write a profile (`errors.one_line`)
+
 
 @dataclass(frozen=True)
 class DeviceDescription:
