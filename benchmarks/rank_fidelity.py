@@ -66,9 +66,9 @@ def candidate_plans(module, baselines: dict, found, wanted: int, seed: int = 0) 
     from disco_xla.search.baselines import (
         gradients_in_ready_order,
         legal_buckets,
-        threshold_buckets,
         with_buckets,
     )
+    from disco_xla.search.combiners import threshold_buckets
 
     own = baselines["xla-nocombine"].plan
     plans = {name: baseline.plan for name, baseline in baselines.items() if name != "xla"}

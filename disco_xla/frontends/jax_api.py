@@ -44,7 +44,7 @@ from jax._src.array import ArrayImpl
 
 from disco_xla.capture import lowered_module
 from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
-from disco_xla.driver.trial import RecordState, fallback_record
+from disco_xla.driver.signature_record import RecordState, fallback_record
 from disco_xla.errors import one_line
 from disco_xla.frontends.jax_background import BackgroundTrial
 from disco_xla.frontends.jax_trial import (

@@ -35,7 +35,8 @@ import jax
 
 from disco_xla.capture import lowered_module
 from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
-from disco_xla.driver.trial import TIMING_ROUNDS, RecordState, fallback_record
+from disco_xla.driver.signature_record import RecordState, fallback_record
+from disco_xla.driver.trial import TIMING_ROUNDS
 from disco_xla.errors import one_line
 from disco_xla.frontends.jax_trial import (
     CallArguments,

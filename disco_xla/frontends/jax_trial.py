@@ -20,7 +20,8 @@ import numpy as np
 from disco_xla.driver.checked_rewrite import rewrite
 from disco_xla.driver.plan_cache import CandidateRecord, PlanCache
 from disco_xla.driver.planning import PlanChoice, find_plan
-from disco_xla.driver.trial import SignatureRecord, Trial
+from disco_xla.driver.signature_record import SignatureRecord
+from disco_xla.driver.trial import Trial
 from disco_xla.runtime.agreement import AgreementError, broadcast, gather
 from disco_xla.runtime.collective_census import check_collectives
 from disco_xla.runtime.jax_program import check_memory, peak_bytes, standing_in_for, with_aliases_of

@@ -41,7 +41,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from disco_xla.driver.trial import RecordState, SignatureRecord, fallback_record
+from disco_xla.driver.signature_record import RecordState, SignatureRecord, fallback_record
 from disco_xla.errors import one_line
 from disco_xla.frontends.tf_trial import (
     TfTrial,

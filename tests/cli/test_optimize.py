@@ -16,7 +16,7 @@ def test_optimize_flags_default_to_the_shared_settings():
     from disco_xla.settings import DEFAULTS
 
     args = build_parser().parse_args(["optimize", "step.pb", "--cluster", "c", "-o", "p.json"])
-    assert (args.budget_s, args.max_evals, args.alpha, args.seed) == (
+    assert (args.budget_s, args.max_evaluations, args.alpha, args.seed) == (
         DEFAULTS.budget_s,
         DEFAULTS.max_evaluations,
         DEFAULTS.alpha,
