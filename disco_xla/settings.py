@@ -130,6 +130,13 @@ def settings_declared() -> dict[str, Setting]:
     return {f.name: f.metadata["setting"] for f in fields(OptimizeSettings)}
 
 
+def settings_given(arguments: dict) -> dict:
+    """The settings among a function's `arguments` (its `locals()` on entry),
+    by name: how `jit`, `tf_function` and `optimize` pass on the settings
+    their keyword arguments spell out."""
+    return {name: arguments[name] for name in settings_declared() if name in arguments}
+
+
 DEFAULTS = OptimizeSettings()
 # The defaults of the entry points that wrap a step and run it (`disco_xla.jit`,
 # `disco_xla.tf_function`, the env hook): the profile is read from the devices.

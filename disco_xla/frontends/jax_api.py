@@ -62,7 +62,12 @@ from disco_xla.frontends.jax_trial import (
 from disco_xla.frontends.wrapped_step import DiscoFallbackWarning, WrappedStep
 from disco_xla.runtime.agreement import process_count
 from disco_xla.runtime.jax_program import kept_arguments
-from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
+from disco_xla.settings import (
+    AUTO_CLUSTER,
+    WRAPPED_STEP_DEFAULTS,
+    OptimizeSettings,
+    settings_given,
+)
 from disco_xla.simulator.profile_choice import MIXED_KINDS, DeviceDescription
 
 __all__ = ["DiscoFallbackWarning", "OptimizedFunction", "jit", "wrap"]
@@ -390,20 +395,7 @@ def jit(
     it happens in the first call, the timing within `measure_budget_s`.
     `measurements()` reports each candidate's simulated and measured time; the
     plan cache keeps the choice for the next run."""
-    settings_arguments = dict(
-        cluster=cluster,
-        budget_s=budget_s,
-        max_evaluations=max_evaluations,
-        alpha=alpha,
-        seed=seed,
-        cost_model=cost_model,
-        cache_dir=cache_dir,
-        use_cache=use_cache,
-        check_speed=check_speed,
-        candidates=candidates,
-        measure_budget_s=measure_budget_s,
-        background=background,
-    )
+    settings_arguments = settings_given(locals())
     if fn is None:
         return functools.partial(jit, **settings_arguments, **jit_kwargs)
     settings = OptimizeSettings(**settings_arguments)

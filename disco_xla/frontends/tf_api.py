@@ -53,7 +53,12 @@ from disco_xla.frontends.tf_trial import (
 )
 from disco_xla.frontends.wrapped_step import DiscoFallbackWarning, WrappedStep
 from disco_xla.hlo.graph import HloModule
-from disco_xla.settings import AUTO_CLUSTER, WRAPPED_STEP_DEFAULTS, OptimizeSettings
+from disco_xla.settings import (
+    AUTO_CLUSTER,
+    WRAPPED_STEP_DEFAULTS,
+    OptimizeSettings,
+    settings_given,
+)
 from disco_xla.simulator.profile_choice import MIXED_KINDS, DeviceDescription
 
 # TensorFlow is optional (the `tf` extra): imported inside the functions that use it.
@@ -218,19 +223,7 @@ def tf_function(
     tf.function keyword arguments are taken. With `check_speed` the original is
     kept where it runs faster (timed on the first call). Usable as
     `@disco_xla.tf_function` or `@disco_xla.tf_function(cluster=...)`."""
-    settings_arguments = dict(
-        cluster=cluster,
-        budget_s=budget_s,
-        max_evaluations=max_evaluations,
-        alpha=alpha,
-        seed=seed,
-        cost_model=cost_model,
-        cache_dir=cache_dir,
-        use_cache=use_cache,
-        check_speed=check_speed,
-        candidates=candidates,
-        measure_budget_s=measure_budget_s,
-    )
+    settings_arguments = settings_given(locals())
     if fn is None:
         return functools.partial(tf_function, **settings_arguments, **tf_function_kwargs)
     settings = OptimizeSettings(**settings_arguments)

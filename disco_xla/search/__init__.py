@@ -20,7 +20,7 @@ from disco_xla.hlo.graph import HloModule
 from disco_xla.plan import Plan
 from disco_xla.search.fusion_source import compiled_fusion
 from disco_xla.search.pipeline import plan_module, pricing
-from disco_xla.settings import DEFAULTS, OptimizeSettings
+from disco_xla.settings import DEFAULTS, OptimizeSettings, settings_given
 
 
 def optimize(
@@ -44,14 +44,7 @@ def optimize(
     with each baseline's buckets), so the plan is never slower than any of them,
     and its fusion only splits XLA's groups (what the rewrite can realise);
     without it, from no fusion and a greedy XLA-like fusion."""
-    settings = OptimizeSettings(
-        cluster=cluster,
-        budget_s=budget_s,
-        max_evaluations=max_evaluations,
-        alpha=alpha,
-        seed=seed,
-        cost_model=cost_model,
-    )
+    settings = OptimizeSettings(**settings_given(locals()))
     prices = pricing(module, settings, table)
     fusion = compiled_fusion(module, compiled) if compiled is not None else None
     return plan_module(module, settings, prices, fusion).found.plan
