@@ -3,7 +3,7 @@ where the time goes: by default (the search and compiles in the background), and
 with `background=False` (all of it in the first call), each on a fresh step;
 then, by default again, the first call of a fresh step whose measured choice
 the `background=False` run left in the plan cache (that first call finds it
-from the traced step, and starts the background work at once).
+from the traced step; the second call starts the background work).
 
 The step is a zoo model's `jax.jit` over sharded arguments on N host CPU devices
 (the main case). JAX's first call compiles the step. By default disco-xla's first
@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     jax.block_until_ready(step.fn(*step.args))
     jax_s = time.perf_counter() - start
     step = fresh_step()
-    wrapped = disco_xla.jit(step.fn, cluster=args.cluster, cache_dir=tempfile.mkdtemp())
+    wrapped = disco_xla.jit(
+        step.fn, cluster=args.cluster, cache_dir=tempfile.mkdtemp(), start_after=0
+    )
     start = time.perf_counter()
     jax.block_until_ready(wrapped(*step.args))
     background_s = time.perf_counter() - start
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     jax.block_until_ready(cached(*step.args))
     cached_s = time.perf_counter() - start
+    start = time.perf_counter()
+    jax.block_until_ready(cached(*step.args))  # starts the work: one compile, one check
+    cached_second_s = time.perf_counter() - start
     cached_status = cached.status()
     cached.wait()
     report = {
@@ -98,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         "disco_second_call_s": round(second_s, 2),  # lowers the step, starts the thread
         "disco_first_call_all_at_once_s": round(disco_s, 1),  # background=False
         "all_at_once_ratio": round(disco_s / jax_s, 1),
-        # A measured choice in the plan cache: the work starts on the first call.
+        # A measured choice in the plan cache: the work starts on the second call.
         "disco_first_call_cached_s": round(cached_s, 2),
         "cached_ratio": round(cached_s / jax_s, 2),
-        "cached_status_after_first_call": cached_status,
+        "disco_second_call_cached_s": round(cached_second_s, 2),
+        "cached_status_after_second_call": cached_status,
         "profiled": bool(profiler),
         "status": wrapped.status(),
     }

@@ -144,7 +144,7 @@ def measure(name: str, args, module=None) -> dict:
             measured_run = {"first": first, "xla-nocombine": baselines["xla-nocombine"].plan}
             table = learned_times(module, measured_run, args.repeats)
             learn_kernel_times(settings, table)
-        second = find_plan(module, settings, compile_separately)
+        second = find_plan(module, settings, compile_separately, keep_measured_choice=False)
         return json.dumps(
             {
                 "plan": second.plan.to_json(),

@@ -1,12 +1,14 @@
 """Training scripts written the way users write them (`benchmarks/clients/`),
-each run unmodified: plain, and under `DISCO_XLA_FLAGS`, paired and alternating.
+each run unmodified: plain, under `DISCO_XLA_FLAGS` on an empty plan cache (a
+user's first run), and again on the cache that run left (a rerun), in rounds
+of rotating order.
 
 The clients know nothing of disco-xla. Each prints one JSON line: a final metric,
 a sample of its final parameters, and its step or epoch times. For each client
-this prints the median step (or epoch) time under the hook against plain, the
-first step's time against plain (the first call's overhead: capture, search,
-compiles and trial), the peak resident memory of the process against plain, and
-what the hook ran (`--disco_report`). `CLIENTS` lists them: library styles
+this prints what the first run cost the loop (seconds, and as a share of the
+plain loop), the rerun's speed counted from its first step, the steady speed
+after the switch to the chosen program, the peak resident memory against plain,
+and what the hook ran (`--disco_report`). `CLIENTS` lists them: library styles
 (sharded `jax.jit`, Keras `model.fit`, Flax NNX and Linen, pmap, Optax's
 `MultiSteps`), an evaluation and a checkpoint between steps, and a smaller last
 batch that traces the step again. One-process clients run on 2 host CPU
@@ -39,25 +41,28 @@ class Client:
     arguments: tuple[str, ...] = ()  # the tiny sizes the tests use
     processes: int = 1  # >1: run through `disco-xla launch -n processes`
     times_key: str = "step_s"  # which list of times the client prints
-    # The benchmark's run: long enough for the background work, the trial and
-    # the timing rotation to end well before the last quarter of the run.
+    # The benchmark's run, about 40 s of plain loop here: long enough for the
+    # background work (which waits for 10x the first call's time, `start_after`),
+    # the trial and the timing rotation to end before the last quarter.
     long_arguments: tuple[str, ...] = ("--steps", "3000")
 
 
 CLIENTS = {
     "sharded_jit_mnist": Client(
-        "sharded_jit_mnist.py", ("--epochs", "2"), 1, "epoch_s", ("--epochs", "400")
+        "sharded_jit_mnist.py", ("--epochs", "2"), 1, "epoch_s", ("--epochs", "4000")
     ),
-    "keras_fit": Client("keras_fit.py", (), 1, "epoch_s", ("--epochs", "600")),
-    "flax_nnx": Client("flax_nnx.py"),
-    "pmap_donate": Client("pmap_donate.py", long_arguments=("--steps", "8000")),
+    "keras_fit": Client("keras_fit.py", (), 1, "epoch_s", ("--epochs", "1500")),
+    "flax_nnx": Client("flax_nnx.py", long_arguments=("--steps", "8000")),
+    "pmap_donate": Client("pmap_donate.py", long_arguments=("--steps", "20000")),
     "distributed_mlp": Client(
         "distributed_mlp.py", processes=4, long_arguments=("--steps", "1500")
     ),
-    "flax_linen_checkpoint": Client("flax_linen_checkpoint.py"),
-    "optax_multisteps": Client("optax_multisteps.py"),
+    "flax_linen_checkpoint": Client(
+        "flax_linen_checkpoint.py", long_arguments=("--steps", "25000")
+    ),
+    "optax_multisteps": Client("optax_multisteps.py", long_arguments=("--steps", "15000")),
     "ragged_last_batch": Client(
-        "ragged_last_batch.py", ("--epochs", "3"), 1, "epoch_s", ("--epochs", "600")
+        "ragged_last_batch.py", ("--epochs", "3"), 1, "epoch_s", ("--epochs", "5000")
     ),
 }
 
@@ -147,47 +152,96 @@ def _wait(process: subprocess.Popen, timeout_s: float):
         time.sleep(0.05)
 
 
-def _summary(name: str, plain: list[ClientRun], hooked: list[ClientRun]) -> dict:
+def _summary(name: str, rounds: list[dict[str, ClientRun]]) -> dict:
+    """Each figure's median over the rounds, each round's runs taken together.
+
+    - first-run cost: the hooked first run's loop time (the sum of its step or
+      epoch times) less the plain run's, in seconds and as a share of plain's;
+      negative where the run earned its cost back;
+    - rerun speed: plain's loop time over the rerun's, every step counted from
+      the first (a rerun finds the measured choice in the plan cache);
+    - steady speed: plain's median step over the first run's, in the last
+      quarter of the run (after the switch to the chosen program)."""
     key = CLIENTS[name].times_key
 
-    def median_of(runs, pick):
-        return statistics.median(pick(run.result[key]) for run in runs)
+    def total(run: ClientRun) -> float:
+        return sum(run.result[key])
 
-    def last_quarter(times):  # after the switch to the chosen program
+    def last_quarter(run: ClientRun) -> float:
+        times = run.result[key]
         return statistics.median(times[-max(1, len(times) // 4) :])
 
-    steady = median_of(hooked, last_quarter) / median_of(plain, last_quarter)
-    first = median_of(hooked, lambda t: t[0]) / median_of(plain, lambda t: t[0])
-    memory = statistics.median(r.peak_rss_bytes for r in hooked) / statistics.median(
-        r.peak_rss_bytes for r in plain
-    )
-    steps = hooked[-1].report["steps"] if hooked[-1].report else []
+    def median(values) -> float:
+        return statistics.median(list(values))
+
+    cost = [total(r["first"]) - total(r["plain"]) for r in rounds]
+    first_runs = [r["first"] for r in rounds]
     return {
         "client": name,
-        "rounds": len(plain),
-        "steady_time_ratio": round(steady, 3),
-        "first_time_ratio": round(first, 2),
-        "first_plain_s": round(median_of(plain, lambda t: t[0]), 3),
-        "first_hooked_s": round(median_of(hooked, lambda t: t[0]), 3),
-        "peak_rss_ratio": round(memory, 3),
-        "status": {step["name"]: step["status"] for step in steps},
+        "rounds": len(rounds),
+        "plain_loop_s": round(median(total(r["plain"]) for r in rounds), 2),
+        "first_run_cost_s": round(median(cost), 2),
+        "first_run_cost_share": round(
+            median(c / total(r["plain"]) for c, r in zip(cost, rounds, strict=True)), 3
+        ),
+        "rerun_speed": round(median(total(r["plain"]) / total(r["rerun"]) for r in rounds), 3),
+        "rerun_first_step_s": round(median(r["rerun"].result[key][0] for r in rounds), 3),
+        "plain_first_step_s": round(median(r["plain"].result[key][0] for r in rounds), 3),
+        "steady_speed": round(
+            median(last_quarter(r["plain"]) / last_quarter(r["first"]) for r in rounds), 3
+        ),
+        "peak_rss_ratio": round(
+            median(r["first"].peak_rss_bytes / r["plain"].peak_rss_bytes for r in rounds), 3
+        ),
+        "first_status": _statuses(first_runs[-1]),
+        "rerun_status": _statuses(rounds[-1]["rerun"]),
     }
 
 
-def measure(name: str, rounds: int, cluster: str | None = None) -> dict:
-    """`rounds` paired runs of a client, plain and hooked, the order alternating;
-    the hooked runs share one plan cache (the first searches; later ones use
-    the cached, measured choice, as a user's second run would)."""
+def _statuses(run: ClientRun) -> dict[str, list[str]]:
+    steps = run.report["steps"] if run.report else []
+    return {step["name"]: step["status"] for step in steps}
+
+
+# Each round runs plain, a first run on an empty plan cache and a rerun on the
+# cache the first run left; the order rotates, the rerun always after its first.
+_ORDERS = (("plain", "first", "rerun"), ("first", "rerun", "plain"), ("first", "plain", "rerun"))
+
+
+def measure(name: str, rounds: int, cluster: str | None = None, wrapper: bool = False) -> dict:
+    """`rounds` rounds of a client: plain, hooked on a fresh plan cache (a
+    user's first run), and hooked again on that cache (a rerun), in rotating
+    order (`_summary` says what is reported). With `wrapper`, each round also
+    runs the hook with no work ever started (`--disco_start_after=1e9`): what
+    the wrapped calls alone cost, as `wrapper_speed`."""
     cluster = cluster or ("cpu-local" if CLIENTS[name].processes > 1 else "cpu-local-inprocess")
-    plain, hooked = [], []
+    measured = []
     with tempfile.TemporaryDirectory() as scratch:
-        flags = hook_flags(cluster, os.path.join(scratch, "cache"), os.path.join(scratch, "r.json"))
         for round_index in range(rounds):
-            order = [None, flags] if round_index % 2 == 0 else [flags, None]
-            for run_flags in order:
-                run = run_client(name, run_flags, CLIENTS[name].long_arguments)
-                (plain if run_flags is None else hooked).append(run)
-    return _summary(name, plain, hooked)
+            cache = os.path.join(scratch, f"cache{round_index}")
+            runs = {}
+            order = _ORDERS[round_index % len(_ORDERS)]
+            if wrapper:
+                order = ("wrapper", *order) if round_index % 2 else (*order, "wrapper")
+            for kind in order:
+                flags = None
+                if kind != "plain":
+                    extra = ("--disco_start_after=1e9",) if kind == "wrapper" else ()
+                    report = os.path.join(scratch, f"{kind}.json")
+                    where = cache if kind != "wrapper" else os.path.join(scratch, "wrapper")
+                    flags = hook_flags(cluster, where, report, extra)
+                runs[kind] = run_client(name, flags, CLIENTS[name].long_arguments)
+            measured.append(runs)
+    summary = _summary(name, measured)
+    if wrapper:
+        loop = {
+            kind: [sum(r[kind].result[CLIENTS[name].times_key]) for r in measured]
+            for kind in ("plain", "wrapper")
+        }
+        summary["wrapper_speed"] = round(
+            statistics.median(p / w for p, w in zip(loop["plain"], loop["wrapper"], strict=True)), 3
+        )
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,16 +249,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", nargs="+", default=list(CLIENTS), choices=list(CLIENTS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--wrapper", action="store_true", help="also time the hook with no work started"
+    )
     args = parser.parse_args(argv)
     for name in args.clients:
-        summary = measure(name, args.rounds)
+        summary = measure(name, args.rounds, wrapper=args.wrapper)
         if args.json:
             print(json.dumps(summary), flush=True)
             continue
         print(
-            f"{name:18s} steady {summary['steady_time_ratio']:.3f}x of plain, first step "
-            f"{summary['first_hooked_s']:.2f} s against {summary['first_plain_s']:.2f} s, "
-            f"peak RSS {summary['peak_rss_ratio']:.3f}x; {summary['status']}",
+            f"{name:22s} plain loop {summary['plain_loop_s']:.1f} s; first run costs "
+            f"{summary['first_run_cost_s']:+.2f} s ({summary['first_run_cost_share']:+.1%}); "
+            f"rerun {summary['rerun_speed']:.3f}x of plain from its first step; steady "
+            f"{summary['steady_speed']:.3f}x; peak RSS {summary['peak_rss_ratio']:.3f}x; "
+            f"first run: {summary['first_status']}; rerun: {summary['rerun_status']}",
             flush=True,
         )
     return 0

@@ -115,6 +115,17 @@ class OptimizeSettings:
         hook_flag="disco_background",
         decides_plan=False,
     )
+    # A short run never pays for the background work (its compiles share the
+    # CPUs with the loop): in one process, the work for a signature starts
+    # once the loop has run it this many times as long as its first call took
+    # (JAX's trace and compile); 0 starts it on the second call. Several
+    # processes start on the second call (every rank must start on the same).
+    start_after: float = _setting(
+        10.0,
+        "start the background work once the step has run this many times its first call's time",
+        hook_flag="disco_start_after",
+        decides_plan=False,
+    )
 
     def search_options(self) -> dict:
         """The options that change the search result (the cache key's part)."""

@@ -21,7 +21,9 @@ def _keywords(function) -> dict[str, object]:
 
 
 # tf_function measures its candidates in the first call: it has no background.
-@pytest.mark.parametrize(("name", "left_out"), [("jit", ()), ("tf_function", ("background",))])
+@pytest.mark.parametrize(
+    ("name", "left_out"), [("jit", ()), ("tf_function", ("background", "start_after"))]
+)
 def test_the_wrappers_take_every_setting_with_the_wrapped_steps_default(name, left_out):
     expected = {
         n: getattr(WRAPPED_STEP_DEFAULTS, n) for n in settings_declared() if n not in left_out

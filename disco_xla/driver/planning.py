@@ -68,6 +68,7 @@ def find_plan(
     module: HloModule,
     settings: OptimizeSettings,
     compile_separately: Callable[[HloModule], HloModule] | None = None,
+    keep_measured_choice: bool = True,
 ) -> PlanChoice:
     """The plan for `module`, and the candidates to measure beside it
     (`measured_alternatives`): from the cache when there, else searched and
@@ -75,7 +76,10 @@ def find_plan(
     (`learn_kernel_times`) first, the settings' cost model for other kernels,
     and prices each collective and each tuple tensor at what the step times
     measured on this machine before imply (`learned_collective_costs`). A
-    cached plan found with costs far from today's is searched again.
+    cached plan found with costs far from today's is searched again, unless a
+    trial here measured its candidates (then the choice it recorded stands, so
+    that a rerun costs nothing; `keep_measured_choice=False` searches again,
+    as `benchmarks/learned_regret.py` does to see what the measurement taught).
 
     `compile_separately(module)` is XLA's compile of the module with its
     all-reduce combiner off (`runtime.xla_runner.compile_separately`), called only
@@ -95,7 +99,7 @@ def find_plan(
         options["measured_kernels"] = times_digest(measured_s)
     key = cache_key(module.fingerprint, profile, options)
     if cache is not None:
-        cached = _cached_plan(cache, key, module, charged)
+        cached = _cached_plan(cache, key, module, charged, keep_measured_choice)
         if cached is not None:
             return PlanChoice(cached[0], True, time.perf_counter() - started, cached[1], key)
     # XLA's own fusion: the search then starts from every baseline too.
@@ -110,15 +114,24 @@ def find_plan(
 
 
 def _cached_plan(
-    cache: PlanCache, key: str, module: HloModule, charged: ClusterProfile
+    cache: PlanCache,
+    key: str,
+    module: HloModule,
+    charged: ClusterProfile,
+    keep_measured_choice: bool = True,
 ) -> tuple[Plan, CandidateRecord] | None:
     """The cached plan and its candidates, unless there is none for `module`, or what
     a collective costs here (`charged`) has moved far from what the plan was
-    found with (the first measured run teaches it)."""
+    found with (a measured run of another module teaches it) and no candidate
+    of this one was measured here."""
     plan = cache.get(key)
     if plan is None or plan.fingerprint != module.fingerprint:
         return None
     record = cache.get_candidates(key) or CandidateRecord({"plan": plan})
+    if record.chosen is not None and keep_measured_choice:
+        # Measured on this machine: the rerun runs that choice at once (a
+        # measurement outranks a search re-priced with what it taught).
+        return plan, record
     if _moved_far(record.message_s, charged.collective_message_s) or _moved_far(
         record.tuple_element_s, charged.tuple_all_reduce_element_s
     ):

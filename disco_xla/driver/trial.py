@@ -357,10 +357,10 @@ class Trial:
             self._after_timing()
         return self.decide(local_s, labels)
 
-    def decide(self, local_s: dict[str, float], labels: list[str]) -> str:
+    def decide(self, local_s: dict[str, float], labels: list[str], topic: str = "timing") -> str:
         """From this rank's median times (`local_s`), every rank's average
         (`measured_s`) and the fastest of `labels` (or 'original')."""
-        answers = self._gather("timing", json.dumps(local_s))
+        answers = self._gather(topic, json.dumps(local_s))
         every = [json.loads(answer) for answer in answers]
         self.measured_s = {label: sum(a[label] for a in every) / len(every) for label in local_s}
         return fastest_label(self.measured_s, labels)

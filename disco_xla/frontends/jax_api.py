@@ -108,6 +108,8 @@ class OptimizedFunction(WrappedStep):
             self._by_signature[signature] = compiled
             return result
         if compiled is None or compiled.state is RecordState.CALLED_ONCE:
+            if compiled is not None and not self._run_long_enough(compiled):
+                return self._original(*args, **kwargs)
             call = CallArguments(self, args, kwargs, leaves, signature.tree)
             if self._settings.background:
                 compiled, result = self._start_in_background(call)
@@ -149,21 +151,45 @@ class OptimizedFunction(WrappedStep):
     def _first_in_background(self, call: CallArguments) -> tuple[Any, Any]:
         """The first call of a signature with `background` on runs the original.
         A signature called once only (an initial layout, an evaluation) is not
-        worth optimising, so the work starts on its second call; or on this one,
-        in a single process, when the plan cache holds a measured choice for
-        this traced step (which then needs no search and no timing). Under
-        `jax.distributed` it waits for the second call: every rank must start
-        on the same call, and each may have its own plan cache."""
+        worth optimising, so the work starts on a later call, once the run is
+        long enough (`_run_long_enough`); or on the second call, in a single
+        process, when the plan cache holds a measured choice for this traced
+        step (a rerun: the work is then one compile and one check, with no
+        search and no timing). Under `jax.distributed` it waits for the second
+        call: every rank must start on the same call, and each may have its own
+        plan cache."""
+        started = time.perf_counter()
         result = call.original(keep_copies=False)
+        first_call_s = time.perf_counter() - started
         lowered = None
         if process_count() == 1:
             try:  # after the original: the step is traced by then
                 lowered = recorded_choice(self, call)
             except Exception:  # noqa: BLE001 - then it is found on the second call
                 lowered = None
-        if lowered is None:
-            return JaxSignatureRecord(CALLED_ONCE, RecordState.CALLED_ONCE), result
-        return self._in_background(call, lowered), result
+        record = JaxSignatureRecord(CALLED_ONCE, RecordState.CALLED_ONCE)
+        if lowered is None:  # else the second call starts the work
+            record.first_call = (first_call_s, time.perf_counter())
+        return record, result
+
+    def _run_long_enough(self, record: JaxSignatureRecord) -> bool:
+        """Whether a signature called once so far has run long enough for the
+        background work to start: `start_after` times its first call's time
+        since that call ended (the work's compiles cost about as much as JAX's
+        own first call each, so a shorter run never earns them back). Under
+        `jax.distributed`, with `start_after` 0, or where the plan cache holds
+        the choice (no `first_call` kept), on the second call."""
+        factor = self._settings.start_after
+        if factor <= 0 or process_count() > 1 or record.first_call is None:
+            return True
+        first_call_s, ended = record.first_call
+        if time.perf_counter() - ended >= factor * first_call_s:
+            return True
+        record.status = (
+            f"original: not optimised yet (the work starts once the step has run "
+            f"{factor:g}x its first call's {first_call_s:.2f} s)"
+        )
+        return False
 
     def _start_in_background(self, call: CallArguments) -> tuple[Any, Any]:
         """Lower the step, run the original, and leave the rest to a
@@ -305,6 +331,8 @@ def _quick_leaf_key(leaf) -> tuple:
     sharding's hash is kept, its layout is not: `_leaf_key` makes that)."""
     if type(leaf) is ArrayImpl:
         return (leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding)
+    if type(leaf) is np.ndarray:  # a host batch, as many loops pass one each step
+        return (leaf.shape, leaf.dtype)
     return _leaf_key(leaf)
 
 
@@ -376,6 +404,7 @@ def jit(
     candidates: int = WRAPPED_STEP_DEFAULTS.candidates,
     measure_budget_s: float = WRAPPED_STEP_DEFAULTS.measure_budget_s,
     background: bool = WRAPPED_STEP_DEFAULTS.background,
+    start_after: float = WRAPPED_STEP_DEFAULTS.start_after,
     **jit_kwargs: Any,
 ) -> Any:
     """Like `jax.jit(fn, **jit_kwargs)`, for a data-parallel training step, with

@@ -1,10 +1,11 @@
 """Optimising a step off its critical path (`OptimizeSettings.background`).
 
 The first call with a new argument signature runs the original (JAX's own first
-call); the second lowers the step, runs the original and returns its result
-(`OptimizedFunction`). In one process, the first call already starts the work
-when the plan cache holds a measured choice for the traced step
-(`jax_trial.recorded_choice`). A background thread then does
+call); a later one, once the run is long enough (`OptimizeSettings.start_after`;
+under `jax.distributed` the second), lowers the step, runs the original and
+returns its result (`OptimizedFunction`). In one process, the second call starts
+the work whatever the run's length when the plan cache holds a measured choice
+for the traced step (`jax_trial.recorded_choice`). A background thread then does
 the slow part: it captures the module, agrees on it with the other ranks, finds
 the plan (or reads it from the plan cache) and compiles every candidate program
 and the reference. Until it is done the original runs.
@@ -16,8 +17,11 @@ of its arguments, the original on the arguments themselves, and the programs
 every rank finds equal are kept. With the speed check, the next calls run the
 original and those programs in rotation (`TIMING_ROUNDS` rounds after one
 round of warm-up), each call timed as the user makes it, and then every rank
-switches to the fastest on the same call. A choice the plan cache recorded is
-not timed again: it runs from the call after the trial.
+switches to the fastest on the same call. A candidate that won the rotation is
+first confirmed in blocks of consecutive calls (the original, the winner, the
+original: `CONFIRM_CALLS`), as the loop will run it; it runs only if it is faster
+there too. A choice the plan cache recorded is not timed again: it runs from the
+call after the trial.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ if TYPE_CHECKING:
     from disco_xla.frontends.jax_api import OptimizedFunction
 
 READY_CHECK_EVERY = 8  # calls between the ranks' checks that all background work is done
+# The rotation's winner is confirmed in blocks of consecutive calls, as the loop
+# will run it: the original, the winner, the original, each this many calls (the
+# number that fills CONFIRM_BLOCK_S of the original's calls, within these bounds).
+CONFIRM_CALLS = (8, 64)
+CONFIRM_BLOCK_S = 0.25
 EXIT_WAIT_S = 60.0  # at exit, how long to let a background compile finish
 _running: weakref.WeakSet = weakref.WeakSet()
 
@@ -81,6 +90,9 @@ class BackgroundTrial:
         self._untimed = 0  # how many of them warm up
         self._equal: list[str] = []
         self._times: dict[str, list[float]] = {}
+        self._confirming: str | None = None  # the rotation's winner, timed in blocks
+        self._previous: str | None = None  # the program the last timed call ran
+        self._rotation_s: dict[str, float] = {}  # the rotation's times, kept for the report
         self._thread = threading.Thread(target=self._prepare, name="disco-xla", daemon=True)
         self._stop = threading.Event()
 
@@ -127,10 +139,13 @@ class BackgroundTrial:
         remember_traced_step(lowered, settings, choice)
         record, problem, executable = JaxSignatureRecord("original"), "", None
         record.plan = choice.plan
+        # A choice recorded as 'original' builds nothing: no reference compile either.
+        builds = not (settings.check_speed and choice.candidates.chosen == "original")
         try:
-            executable = lowered.compile()
-            record.kept = kept_arguments(lowered)
-            record.out_tree = lowered.out_tree
+            if builds:
+                executable = lowered.compile()
+                record.kept = kept_arguments(lowered)
+                record.out_tree = lowered.out_tree
         except Exception as error:  # noqa: BLE001 - this rank goes on in step with the others
             problem = one_line(error)
         trial = JaxTrial(function, module, choice, lowered, executable, record, self.step, problem)
@@ -243,18 +258,49 @@ class BackgroundTrial:
         elapsed = time.perf_counter() - started
         call.result = result
         self._schedule.pop(0)
+        # In the blocks, the first call after a switch between programs is not timed.
+        switched, self._previous = self._confirming and label != self._previous, label
         if self._untimed:
             self._untimed -= 1
-        else:
+        elif not switched:
             self._times.setdefault(label, []).append(elapsed)
         if not self._schedule:
             self._decide()
         return result
 
     def _decide(self) -> None:
-        """Every rank's median times averaged, and the fastest chosen."""
+        """Every rank's median times averaged, and the fastest chosen; a
+        candidate that won the rotation is confirmed in blocks first
+        (`_confirm`)."""
         medians = {label: statistics.median(times) for label, times in self._times.items()}
-        self._finish(self._trial.decide(medians, self._equal))
+        trial = self._trial
+        if self._confirming is None:
+            chosen = trial.decide(medians, self._equal)
+            if chosen != "original":
+                self._confirm(chosen)
+                return
+        else:
+            chosen = trial.decide(medians, [self._confirming], "confirmation")
+            if chosen != "original":
+                # The blocks' times stand for the two programs; the rotation's for the rest.
+                trial.measured_s = {**self._rotation_s, **trial.measured_s}
+        self._finish(chosen)
+
+    def _confirm(self, chosen: str) -> None:
+        """Time the rotation's winner against the original in blocks of
+        consecutive calls (original, winner, original): a program alternated
+        with others each call can time faster than it then runs call after call
+        (seen on `jax.pmap` steps of 1.5 ms here). The number of calls is the
+        same on every rank (from the ranks' averaged times)."""
+        self._rotation_s = dict(self._trial.measured_s)
+        low, high = CONFIRM_CALLS
+        original_s = max(self._rotation_s["original"], 1e-9)
+        calls = min(high, max(low, int(CONFIRM_BLOCK_S / original_s)))
+        # The first call of each block is not timed (the switch between programs).
+        self._schedule = ["original"] * calls + [chosen] * calls + ["original"] * calls
+        self._confirming, self._previous = chosen, None
+        self._times = {}
+        self.status = f"original: confirming {chosen} against the original, call after call"
 
     def _finish(self, chosen: str) -> None:
         """Every rank runs `chosen` from the next call (the plan cache keeps a

@@ -41,6 +41,9 @@ class JaxSignatureRecord(SignatureRecord):
     kept: list[int] = field(default_factory=list)
     delete_after: list[int] = field(default_factory=list)  # donated leaves `run` leaves alive
     out_tree: Any = None
+    # (seconds, when it ended) of the signature's first call, while the
+    # background work waits for the run to be long enough (`start_after`)
+    first_call: tuple[float, float] | None = None
 
 
 def waiting_s(settings: OptimizeSettings) -> float:

@@ -189,6 +189,7 @@ def test_in_the_background_the_original_runs_until_every_program_is_built_and_ju
     check_speed, mesh, tmp_path
 ):
     from disco_xla.driver.trial import TIMING_ROUNDS
+    from disco_xla.frontends.jax_background import CONFIRM_CALLS
 
     optimized = disco_xla.jit(
         _update,
@@ -197,6 +198,7 @@ def test_in_the_background_the_original_runs_until_every_program_is_built_and_ju
         max_evaluations=10,
         check_speed=check_speed,
         background=True,
+        start_after=0,  # on the second call
     )
 
     def second_call_started_the_work():
@@ -205,8 +207,9 @@ def test_in_the_background_the_original_runs_until_every_program_is_built_and_ju
 
     # The trial's call, then (with the speed check) every program in rotation:
     # at most the plan, its buckets, 3 more candidates and a baseline, and the
-    # original, over a warm-up round and TIMING_ROUNDS timed ones.
-    steps = 3 + (7 * (TIMING_ROUNDS + 1) if check_speed else 0)
+    # original, over a warm-up round and TIMING_ROUNDS timed ones; then a
+    # winner's confirmation in three blocks.
+    steps = 3 + (7 * (TIMING_ROUNDS + 1) + 3 * CONFIRM_CALLS[1] if check_speed else 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DiscoFallbackWarning)
         got = _train_steps(optimized, mesh, steps, second_call_started_the_work)
@@ -220,12 +223,95 @@ def test_in_the_background_the_original_runs_until_every_program_is_built_and_ju
         assert "original" in timed and len(timed) >= 2, report
 
 
+def test_in_the_background_the_work_waits_until_the_run_is_long_enough(mesh, plain, tmp_path):
+    """A run shorter than `start_after` times the first call's time starts no
+    background work; once the loop has run that long, the next call starts it."""
+    import threading
+    import time
+
+    optimized = disco_xla.jit(
+        _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10, start_after=3
+    )
+    params, batches = _state(mesh)
+    started = time.perf_counter()
+    params = jax.block_until_ready(optimized(params, batches[0]))
+    first_call_s = time.perf_counter() - started
+    params = jax.block_until_ready(optimized(params, batches[1]))
+    (status,) = optimized.status()
+    assert status.startswith("original: not optimised yet") and "3x" in status, status
+    assert not any(t.name == "disco-xla" for t in threading.enumerate())
+    time.sleep(3 * first_call_s)
+    params = jax.block_until_ready(optimized(params, batches[2]))
+    assert optimized.status() == ["original: optimising in the background"]
+    assert optimized.wait(timeout_s=600)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiscoFallbackWarning)
+        params = jax.block_until_ready(optimized(params, batches[3]))
+    _assert_same(plain[0], jax.tree.map(np.asarray, params))
+
+
+def test_in_the_background_a_rotation_winner_slower_call_after_call_is_not_run(
+    mesh, plain, tmp_path, monkeypatch
+):
+    """The rotation's winner (here forced) is timed again in blocks of
+    consecutive calls against the original; slower there (here slowed by 20 ms
+    a call), it is refused without a warning and the original runs."""
+    import time
+
+    import disco_xla.driver.trial as trial_module
+    from disco_xla.driver.trial import TIMING_ROUNDS
+    from disco_xla.frontends.jax_background import CONFIRM_CALLS, BackgroundTrial
+
+    real_rule, confirmed = trial_module.fastest_label, []
+
+    def rotation_winner(measured_s, labels):  # the rotation's pick, then the real rule
+        return labels[0] if not confirmed else real_rule(measured_s, labels)
+
+    def slowed_confirmation(self, chosen):
+        program = self._trial.programs[chosen]
+
+        def slow(leaves):
+            time.sleep(0.02)
+            return program(leaves)
+
+        self._trial.programs[chosen] = slow
+        confirmed.append(chosen)
+        real_confirm(self, chosen)
+
+    real_confirm = BackgroundTrial._confirm
+    monkeypatch.setattr(trial_module, "fastest_label", rotation_winner)
+    monkeypatch.setattr(BackgroundTrial, "_confirm", slowed_confirmation)
+    optimized = disco_xla.jit(
+        _update,
+        donate_argnums=0,
+        cache_dir=str(tmp_path),
+        max_evaluations=10,
+        start_after=0,
+    )
+    steps = 3 + 7 * (TIMING_ROUNDS + 1) + 3 * CONFIRM_CALLS[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiscoFallbackWarning)
+        got = _train_steps(optimized, mesh, steps, lambda: optimized.wait(timeout_s=600))
+    _assert_same(_train_steps(jax.jit(_update, donate_argnums=0), mesh, steps), got)
+    assert len(confirmed) == 1, confirmed
+    (status,) = optimized.status()
+    assert status.startswith("original: faster here"), status
+    (report,) = optimized.measurements()
+    timed = {label for label, entry in report.items() if "measured_s" in entry}
+    assert timed == {"original", confirmed[0]}, report
+
+
 def test_a_failure_in_the_background_runs_the_original_with_one_warning(
     mesh, plain, tmp_path, monkeypatch
 ):
     monkeypatch.setattr("disco_xla.frontends.jax_trial.find_plan", _fails)
     optimized = disco_xla.jit(
-        _update, donate_argnums=0, cache_dir=str(tmp_path), max_evaluations=10, background=True
+        _update,
+        donate_argnums=0,
+        cache_dir=str(tmp_path),
+        max_evaluations=10,
+        background=True,
+        start_after=0,
     )
 
     def second_call_started_the_work():
@@ -244,9 +330,9 @@ def test_in_the_background_a_choice_the_plan_cache_recorded_is_not_timed_again(
     recorded, mesh, plain, tmp_path
 ):
     """A measured choice in the plan cache (here written into it) is found
-    from the traced step on the first call, which starts the work at once; it
-    is checked and run without timing anything again, and a recorded
-    'original' runs without building anything."""
+    from the traced step on the first call, and the second call starts the
+    work, however short the run so far; it is checked and run without timing
+    anything again, and a recorded 'original' runs without building anything."""
     import dataclasses
     import sqlite3
 
@@ -274,7 +360,7 @@ def test_in_the_background_a_choice_the_plan_cache_recorded_is_not_timed_again(
         warnings.simplefilter("error", DiscoFallbackWarning)
         for index, batch in enumerate(batches):
             params = jax.block_until_ready(optimized(params, batch))
-            if index == 0:  # the first call started the work
+            if index == 1:  # the second call started the work
                 assert optimized.status() == ["original: optimising in the background"]
                 assert optimized.wait(timeout_s=600)
     _assert_same(plain[0], jax.tree.map(np.asarray, params))

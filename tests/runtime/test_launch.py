@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 
 from disco_xla.driver.trial import TIMING_ROUNDS
-from disco_xla.frontends.jax_background import READY_CHECK_EVERY
+from disco_xla.frontends.jax_background import CONFIRM_CALLS, READY_CHECK_EVERY
 from tests.conftest import run_cli
 
 _STEP = """
@@ -166,7 +166,8 @@ def test_in_the_background_two_ranks_switch_to_one_program_on_the_same_step(tmp_
     rank has built the candidates (checked on the same calls), judges them on
     the same call, times them in rotation on the training steps, and switches
     on the same call to the same program: the ranks train like one process."""
-    steps = 3 * READY_CHECK_EVERY + 7 * (TIMING_ROUNDS + 1)
+    # ... and a winner's confirmation in three blocks.
+    steps = 3 * READY_CHECK_EVERY + 7 * (TIMING_ROUNDS + 1) + 3 * CONFIRM_CALLS[1]
     script = _SHARDED_STEP.replace("BACKGROUND", "True").replace("STEPS", str(steps))
     ranks = _two_ranks(tmp_path, "background_step.py", script)
     assert ranks[0]["status"] == ranks[1]["status"], (ranks[0]["status"], ranks[1]["status"])
