@@ -83,6 +83,12 @@ def candidate_order(choice: Any, measuring: bool) -> dict[str, tuple[Any, bool]]
     return order
 
 
+def reuses_original(choice: Any, settings: OptimizeSettings) -> bool:
+    """Whether a measured run here recorded the original as the fastest: with
+    the speed check on, nothing is built and the original runs."""
+    return settings.check_speed and choice.candidates.chosen == "original"
+
+
 def cached_label(choice: Any, order: dict) -> str | None:
     """The label `candidate_order` kept alone because the cache recorded it as
     the measured choice, else None."""
@@ -102,7 +108,7 @@ class Trial:
     def __init__(self, module, choice, settings: OptimizeSettings, problem: str = ""):
         self.module, self.choice, self.settings = module, choice, settings
         measuring = settings.check_speed
-        self.reuses_original = measuring and choice.candidates.chosen == "original"
+        self.reuses_original = reuses_original(choice, settings)
         self.order = {} if self.reuses_original else candidate_order(choice, measuring)
         self.from_cache = cached_label(choice, self.order)
         self.simulated_s: dict[str, float] = dict(choice.candidates.simulated_s)

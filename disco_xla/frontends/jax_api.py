@@ -185,10 +185,11 @@ class OptimizedFunction(WrappedStep):
         first_call_s, ended = record.first_call
         if time.perf_counter() - ended >= factor * first_call_s:
             return True
-        record.status = (
-            f"original: not optimised yet (the work starts once the step has run "
-            f"{factor:g}x its first call's {first_call_s:.2f} s)"
-        )
+        if record.status == CALLED_ONCE:  # said once, not on every call
+            record.status = (
+                f"original: not optimised yet (the work starts once the step has run "
+                f"{factor:g}x its first call's {first_call_s:.2f} s)"
+            )
         return False
 
     def _start_in_background(self, call: CallArguments) -> tuple[Any, Any]:

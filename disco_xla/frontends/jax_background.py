@@ -40,7 +40,7 @@ import jax
 from disco_xla.capture import lowered_module
 from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
 from disco_xla.driver.signature_record import RecordState, fallback_record
-from disco_xla.driver.trial import TIMING_ROUNDS
+from disco_xla.driver.trial import TIMING_ROUNDS, reuses_original
 from disco_xla.errors import one_line
 from disco_xla.frontends.jax_trial import (
     CallArguments,
@@ -139,10 +139,8 @@ class BackgroundTrial:
         remember_traced_step(lowered, settings, choice)
         record, problem, executable = JaxSignatureRecord("original"), "", None
         record.plan = choice.plan
-        # A choice recorded as 'original' builds nothing: no reference compile either.
-        builds = not (settings.check_speed and choice.candidates.chosen == "original")
         try:
-            if builds:
+            if not reuses_original(choice, settings):  # else nothing is built or compiled
                 executable = lowered.compile()
                 record.kept = kept_arguments(lowered)
                 record.out_tree = lowered.out_tree
