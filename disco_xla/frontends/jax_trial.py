@@ -22,7 +22,7 @@ from disco_xla.driver.plan_cache import CandidateRecord, PlanCache
 from disco_xla.driver.planning import PlanChoice, find_plan
 from disco_xla.driver.signature_record import SignatureRecord
 from disco_xla.driver.trial import Trial
-from disco_xla.runtime.agreement import AgreementError, broadcast, gather
+from disco_xla.runtime.agreement import AgreementError, broadcast, gather, process_count
 from disco_xla.runtime.collective_census import check_collectives
 from disco_xla.runtime.jax_program import check_memory, peak_bytes, standing_in_for, with_aliases_of
 from disco_xla.runtime.output_comparison import compare_outputs, differing_outputs
@@ -40,6 +40,11 @@ class JaxSignatureRecord(SignatureRecord):
 
     kept: list[int] = field(default_factory=list)
     delete_after: list[int] = field(default_factory=list)  # donated leaves `run` leaves alive
+    # `run` behind JAX's own dispatch (`RewrittenStep.behind_jax_dispatch`),
+    # called as the step's compiled form is: where it has one, and `run`
+    # deletes no leaf by hand
+    behind_jax: Any = None
+    behind_jax_tree: Any = None  # the argument tree `behind_jax` takes
     out_tree: Any = None
     # (seconds, when it ended) of the signature's first call, while the
     # background work waits for the run to be long enough (`start_after`)
@@ -270,6 +275,13 @@ class JaxTrial(Trial):
     def _install(self, record, chosen: str) -> None:
         record.run = self.programs[chosen]
         record.delete_after = self.left_to_delete(chosen)
+        record.behind_jax = None
+        if not record.delete_after and process_count() == 1:
+            try:
+                record.behind_jax = record.run.behind_jax_dispatch(self.executable)
+                record.behind_jax_tree = record.behind_jax and record.behind_jax.in_tree
+            except Exception:  # noqa: BLE001 - then our own dispatch runs it
+                record.behind_jax = None
 
     def donated(self) -> set[int]:
         """The argument leaves the original consumed."""

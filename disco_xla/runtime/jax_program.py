@@ -9,6 +9,7 @@ per-device results into global `jax.Array`s.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import jax
@@ -98,6 +99,30 @@ class RewrittenStep:
         """XLA's memory figures of the compiled program, per device (the same
         type as `jax.stages.Compiled.memory_analysis()`)."""
         return self._executable.get_compiled_memory_stats()
+
+    def behind_jax_dispatch(self, compiled):
+        """This program as a copy of the original step's `compiled`
+        (`jax.stages.Compiled`) that runs it in place of XLA's: called as
+        `compiled` is, through JAX's own dispatch in C++, which checks each
+        call's argument types and layouts against the step's and refuses others
+        with an exception, before anything runs. None where `compiled` is not of
+        the kind that has that dispatch (a jit's `MeshExecutable`)."""
+        original = getattr(compiled, "_executable", None)
+        if type(original) is not pxla.MeshExecutable:
+            return None
+        calls = original.unsafe_call
+        if type(calls) is not pxla.ExecuteReplicated:
+            return None
+        ours_calls = copy.copy(calls)
+        ours_calls.xla_executable = self._executable
+        ours = copy.copy(original)
+        ours.xla_executable = self._executable
+        ours._unsafe_call = ours_calls
+        behind = copy.copy(compiled)
+        behind._executable = ours
+        behind._params = compiled._params._replace(executable=ours)
+        behind._call = None
+        return behind
 
     def __call__(self, arguments: Sequence) -> list[jax.Array]:
         if len(arguments) != len(self._in_shardings):

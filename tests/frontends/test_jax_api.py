@@ -286,11 +286,10 @@ def test_jit_times_its_candidates_and_runs_the_fastest_equal_one(tmp_path):
     again = disco_xla.jit(step, cache_dir=str(tmp_path), max_evaluations=30, background=False)
     _assert_same(step(params, opt_state, batch), again(params, opt_state, batch))
     stored = PlanCache(tmp_path).get_candidates(key)
-    assert (stored.chosen, stored.plans, stored.message_s) == (
-        found_with.chosen,
-        found_with.plans,
-        found_with.message_s,
-    )
+    assert (stored.plans, stored.message_s) == (found_with.plans, found_with.message_s)
+    # The choice is timed against the original again, once: on a loaded
+    # machine the original may win that time, and is then recorded.
+    assert stored.chosen in {found_with.chosen, "original"}
     (last,) = again.measurements()
     labels = {label for label, entry in last.items() if "measured_s" in entry}
     if chosen == "original":  # recorded as faster here: it runs, nothing is built
