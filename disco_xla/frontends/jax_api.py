@@ -38,15 +38,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 from jax._src import api, pmap  # JAX's own jit and pmap (the env hook replaces jax.jit)
-from jax._src.array import ArrayImpl
 
 from disco_xla.capture import lowered_module
 from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
 from disco_xla.driver.signature_record import RecordState, fallback_record
 from disco_xla.errors import one_line
 from disco_xla.frontends.jax_background import BackgroundTrial
+from disco_xla.frontends.jax_signature import MAX_QUICK_KEYS, Signature, leaf_key, quick_leaf_key
 from disco_xla.frontends.jax_trial import (
     CallArguments,
     JaxSignatureRecord,
@@ -59,6 +58,7 @@ from disco_xla.frontends.jax_trial import (
     shared_choice,
     waiting_s,
 )
+from disco_xla.frontends.settled_dispatch import REFUSED, SettledDispatch
 from disco_xla.frontends.wrapped_step import DiscoFallbackWarning, WrappedStep
 from disco_xla.runtime.agreement import process_count
 from disco_xla.runtime.jax_program import kept_arguments
@@ -76,7 +76,7 @@ _prepared_steps = itertools.count()  # the same on every rank of an SPMD script
 CALLED_ONCE = "original: called once so far"
 
 
-class OptimizedFunction(WrappedStep):
+class OptimizedFunction(SettledDispatch, WrappedStep):
     """A jitted or pmapped step that runs disco-xla's rewritten program when it
     can and the original otherwise. Call it like the original; `lower` and other
     attributes are the original's. `status()` says what each signature runs."""
@@ -84,132 +84,30 @@ class OptimizedFunction(WrappedStep):
     def __init__(self, lowerable: Any, settings: OptimizeSettings, static: tuple = ((), ())):
         super().__init__(lowerable, settings)
         self._static_positions, self._static_names = static
-        # Each call's quick key (shardings as they are) -> its `_Signature`
-        # (shardings as layouts, `_leaf_key`), one object per signature: the
+        # Each call's quick key (shardings as they are) -> its `Signature`
+        # (shardings as layouts, `leaf_key`), one object per signature: the
         # quick key costs half as much, and the records' table then finds its
         # key by identity (comparing a tree structure calls Python code, e.g.
         # Flax NNX's graph definitions', once per call is enough).
-        self._signature_of: dict[tuple, _Signature] = {}
-        self._signatures: dict[_Signature, _Signature] = {}
-        # JAX's count of the programs it holds for the step (a jit's, not a
-        # pmap's): while every signature seen runs the original and has nothing
-        # left to start, calls go straight to it, and a count that grows shows
-        # a new signature (`_call_unwatched`).
-        self._programs_held = getattr(lowerable, "_cache_size", None)
-        self._unwatched_until = 0.0  # a `time.perf_counter()` reading; 0: no
-        # The one signature running our program, behind JAX's dispatch, while
-        # calls skip the records (`_settled_until`): its program and static
-        # arguments; calls JAX's dispatch refused for it, and taken by it.
-        self._behind_jax: tuple[Any, tuple | None] | None = None
-        self._refused_calls, self._taken_calls = 0, 0
+        self._signature_of: dict[tuple, Signature] = {}
+        self._signatures: dict[Signature, Signature] = {}
+        self._init_settled_dispatch(lowerable)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if time.perf_counter() < self._unwatched_until:
             if self._behind_jax is None:
                 return self._call_unwatched(args, kwargs)
             result = self._call_behind_jax(args, kwargs)
-            if result is not _REFUSED:
+            if result is not REFUSED:
                 return result
         result = self._call_with_records(args, kwargs)
         self._unwatched_until = self._settled_until()
         return result
 
-    def _call_behind_jax(self, args: tuple, kwargs: dict) -> Any:
-        """Call the one signature's program through JAX's dispatch (checked
-        there, in C++, to be that signature), or `_REFUSED`, when the call is of
-        another signature, or anything else went wrong before it ran: the
-        records then take it. Where they take more than one call in eight,
-        this way is given up."""
-        program, static = self._behind_jax
-        try:
-            if static is None:
-                result = program(*args, **kwargs)
-            else:
-                result = self._call_with_static(program, static, args, kwargs)
-            self._taken_calls += 1
-            return result
-        except Exception:  # noqa: BLE001 - the records' way decides, and says why
-            self._refused_calls += 1
-            if 8 * self._refused_calls > self._taken_calls + 64:
-                self._behind_jax, self._unwatched_until = None, 0.0
-            return _REFUSED
-
-    def _call_with_static(self, program, static: tuple, args: tuple, kwargs: dict) -> Any:
-        """`program` (compiled for the static arguments `static`) on a call's
-        dynamic arguments, where its static ones are those."""
-        if self._static_values(args, kwargs) != static:
-            raise TypeError("other static arguments")
-        dynamic_args = tuple(a for i, a in enumerate(args) if i not in self._static_positions)
-        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
-        return program(*dynamic_args, **dynamic_kwargs)
-
     def _static_values(self, args: tuple, kwargs: dict) -> tuple:
         return tuple(args[i] for i in self._static_positions if i < len(args)) + tuple(
             sorted((k, v) for k, v in kwargs.items() if k in self._static_names)
         )
-
-    def _call_unwatched(self, args: tuple, kwargs: dict) -> Any:
-        """Call the original with no signature of our own: JAX's own dispatch,
-        in C++, the same cost as the plain step. Where JAX compiled the step
-        anew for this call, it was a signature not seen before, which is
-        recorded as its first call (`_record_first_call`)."""
-        held = self._programs_held()
-        started = time.perf_counter()
-        result = self._original(*args, **kwargs)
-        if self._programs_held() != held:
-            first_call_s = time.perf_counter() - started
-            try:
-                leaves, signature = self._signature(args, kwargs)
-            except Exception:  # noqa: BLE001 - something we cannot key on: JAX's alone
-                return result
-            if signature not in self._by_signature and not any(
-                isinstance(leaf, jax.core.Tracer) for leaf in leaves
-            ):
-                call = CallArguments(self, args, kwargs, leaves, signature.tree)
-                self._by_signature[signature] = self._record_first_call(call, first_call_s)
-                self._unwatched_until = self._settled_until()
-        return result
-
-    def _settled_until(self) -> float:
-        """Until when calls may skip the records, and how. Where one signature
-        runs our program and JAX's dispatch can run it (`_call_behind_jax`):
-        for good, since a call of any other signature is refused there and
-        taken by the records. Where every signature runs the original
-        (`_call_unwatched`, for a step whose JAX programs can be counted):
-        until the first moment a waiting signature may start its work
-        (`_run_long_enough`), and not at all where one starts it on its next
-        call. Never (0) while work is under way, where our own dispatch runs a
-        program, or without `background` (a new signature's first call is
-        then its trial)."""
-        self._behind_jax = None
-        if not self._settings.background:
-            return 0.0
-        until, programs, starts_on_a_call = float("inf"), [], False
-        for signature, record in self._by_signature.items():
-            state = getattr(record, "state", None)
-            if state is RecordState.CALLED_ONCE:
-                waits = self._settings.start_after > 0 and process_count() == 1
-                if record.first_call is None or not waits:
-                    starts_on_a_call = True  # its next call starts the work
-                else:
-                    first_call_s, ended = record.first_call
-                    until = min(until, ended + self._settings.start_after * first_call_s)
-            elif state is RecordState.OPTIMIZED and record.run is not None:
-                if record.behind_jax is None or record.behind_jax_tree != signature.tree:
-                    return 0.0
-                programs.append((record.behind_jax, signature))
-            elif state not in _RUNS_THE_ORIGINAL or getattr(record, "run", None) is not None:
-                return 0.0
-        if programs:  # every other signature's call is refused there, into the records
-            if len(programs) > 1 or 8 * self._refused_calls > self._taken_calls + 64:
-                return 0.0
-            program, signature = programs[0]
-            static = signature.key[2] if self._static_positions or self._static_names else None
-            self._behind_jax = (program, static)
-            return float("inf")
-        if starts_on_a_call or self._programs_held is None:
-            return 0.0
-        return until
 
     def _call_with_records(self, args: tuple, kwargs: dict) -> Any:
         try:
@@ -351,12 +249,12 @@ class OptimizedFunction(WrappedStep):
         dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
         leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
         static = self._static_values(args, kwargs)
-        quick = (tree, tuple(map(_quick_leaf_key, leaves)), static)
+        quick = (tree, tuple(map(quick_leaf_key, leaves)), static)
         signature = self._signature_of.get(quick)
         if signature is None:
-            found = _Signature((tree, tuple(map(_leaf_key, leaves)), static))
+            found = Signature((tree, tuple(map(leaf_key, leaves)), static))
             signature = self._signatures.setdefault(found, found)
-            if len(self._signature_of) >= _MAX_QUICK_KEYS:
+            if len(self._signature_of) >= MAX_QUICK_KEYS:
                 self._signature_of.clear()
             self._signature_of[quick] = signature
         return leaves, signature
@@ -422,78 +320,6 @@ class OptimizedFunction(WrappedStep):
         if record.state is RecordState.FALLBACK:
             _warn(self, record.status)
         return record, result
-
-
-_MAX_QUICK_KEYS = 4096
-_REFUSED = object()  # `_call_behind_jax`: the call is the records' to make
-# The states whose signature runs the original for good (`_settled_until`).
-_RUNS_THE_ORIGINAL = frozenset(
-    {RecordState.ORIGINAL_FASTER, RecordState.FALLBACK, RecordState.NOT_DATA_PARALLEL}
-)
-
-
-class _Signature:
-    """What decides a step's program: its arguments' tree structure, each
-    leaf's `_leaf_key`, and the static arguments (`key`); hashed once."""
-
-    __slots__ = ("key", "_hash")
-
-    def __init__(self, key: tuple):
-        self.key, self._hash = key, hash(key)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Signature) and self.key == other.key
-
-    @property
-    def tree(self):
-        return self.key[0]
-
-
-def _quick_leaf_key(leaf) -> tuple:
-    """A device array's shape, dtype, weak type and sharding object (a
-    sharding's hash is kept, its layout is not: `_leaf_key` makes that)."""
-    if type(leaf) is ArrayImpl:
-        return (leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding)
-    if type(leaf) is np.ndarray:  # a host batch, as many loops pass one each step
-        return (leaf.shape, leaf.dtype)
-    return _leaf_key(leaf)
-
-
-def _leaf_key(leaf) -> tuple:
-    """What of one argument leaf decides the program: its type, shape, dtype and
-    layout (asked of every leaf of every call, so device arrays take the quick
-    way)."""
-    if isinstance(leaf, jax.Array):
-        return (leaf.shape, leaf.dtype, leaf.weak_type, _layout_of(leaf.sharding, leaf.ndim))
-    return (type(leaf).__name__, np.shape(leaf), str(getattr(leaf, "dtype", "")), _layout(leaf))
-
-
-def _layout(leaf) -> Any:
-    """How a leaf is laid out over devices, as a hashable key: two shardings that
-    place the same shards on the same devices (a pmap's output and its input,
-    whose meshes name their axes differently, say) give the same key, so they
-    share one first call."""
-    sharding = getattr(leaf, "sharding", None)
-    if sharding is None:
-        return None
-    return _layout_of(sharding, len(np.shape(leaf)))
-
-
-@functools.lru_cache(maxsize=4096)
-def _layout_of(sharding, rank: int) -> Any:
-    """`_layout`'s key for a sharding of arrays of `rank` dimensions (cached:
-    it is asked for every argument of every call)."""
-    try:
-        return (
-            str(sharding._to_xla_hlo_sharding(rank)),
-            tuple(device.id for device in sharding._device_assignment),
-            sharding.memory_kind,
-        )
-    except Exception:  # noqa: BLE001 - a sharding of a kind we do not know: as it is
-        return sharding
 
 
 def jax_devices() -> DeviceDescription:
