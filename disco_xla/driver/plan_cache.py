@@ -413,6 +413,11 @@ class PlanCache:
     def traced_step_choice(self, step: str) -> str | None:
         """The measured choice recorded for the traced step `step` (a candidate's
         label or 'original'), or None."""
+        record = self.traced_step_record(step)
+        return record.chosen if record is not None else None
+
+    def traced_step_record(self, step: str) -> CandidateRecord | None:
+        """The candidates' record of the traced step `step`, or None."""
         try:
             connection = self._connect()
             try:
@@ -423,8 +428,7 @@ class PlanCache:
                 connection.close()
         except (sqlite3.Error, OSError):
             return None
-        record = self.get_candidates(row[0]) if row is not None else None
-        return record.chosen if record is not None else None
+        return self.get_candidates(row[0]) if row is not None else None
 
     def __len__(self) -> int:
         try:

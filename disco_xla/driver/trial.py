@@ -83,10 +83,24 @@ def candidate_order(choice: Any, measuring: bool) -> dict[str, tuple[Any, bool]]
     return order
 
 
-def reuses_original(choice: Any, settings: OptimizeSettings) -> bool:
-    """Whether a measured run here recorded the original as the fastest: with
-    the speed check on, nothing is built and the original runs."""
-    return settings.check_speed and choice.candidates.chosen == "original"
+def reuses_original(candidates: Any, settings: OptimizeSettings) -> bool:
+    """Whether a measured run here recorded the original as the fastest (in
+    the plan cache's `candidates` record): with the speed check on, nothing is
+    built and the original runs."""
+    return settings.check_speed and candidates.chosen == "original"
+
+
+def cached_original_status(measured: dict[str, float]) -> str:
+    """The status when the plan cache records that the original ran faster on
+    this machine than every candidate: with the times `measured` then."""
+    others = {label: t for label, t in measured.items() if label != "original"}
+    status = None
+    if "original" in measured and others:
+        best = min(others, key=others.get)
+        status = slower_status(measured["original"], others[best], f"optimized ({best})")
+    if status is None:
+        return "original: faster here (measured before, from the plan cache)"
+    return status.removesuffix(")") + ", from the plan cache)"
 
 
 def cached_label(choice: Any, order: dict) -> str | None:
@@ -108,7 +122,7 @@ class Trial:
     def __init__(self, module, choice, settings: OptimizeSettings, problem: str = ""):
         self.module, self.choice, self.settings = module, choice, settings
         measuring = settings.check_speed
-        self.reuses_original = reuses_original(choice, settings)
+        self.reuses_original = reuses_original(choice.candidates, settings)
         self.order = {} if self.reuses_original else candidate_order(choice, measuring)
         self.from_cache = cached_label(choice, self.order)
         self.simulated_s: dict[str, float] = dict(choice.candidates.simulated_s)
@@ -426,16 +440,8 @@ class Trial:
 
     def cached_original_status(self) -> str:
         """The status when the plan cache records that the original ran faster
-        on this machine than every candidate: with the times measured then."""
-        measured = self.choice.candidates.measured_s
-        others = {label: t for label, t in measured.items() if label != "original"}
-        status = None
-        if "original" in measured and others:
-            best = min(others, key=others.get)
-            status = slower_status(measured["original"], others[best], f"optimized ({best})")
-        if status is None:
-            return "original: faster here (measured before, from the plan cache)"
-        return status.removesuffix(")") + ", from the plan cache)"
+        on this machine than every candidate (`cached_original_status`)."""
+        return cached_original_status(self.choice.candidates.measured_s)
 
     def report(self, chosen: str) -> dict[str, dict]:
         """`measurements()`' entry for this signature."""

@@ -43,6 +43,7 @@ from jax._src import api, pmap  # JAX's own jit and pmap (the env hook replaces 
 from disco_xla.capture import lowered_module
 from disco_xla.driver.planning import has_cross_device_all_reduces, prepared
 from disco_xla.driver.signature_record import RecordState, fallback_record
+from disco_xla.driver.trial import cached_original_status, reuses_original
 from disco_xla.errors import one_line
 from disco_xla.frontends.jax_background import BackgroundTrial
 from disco_xla.frontends.jax_signature import MAX_QUICK_KEYS, Signature, leaf_key, quick_leaf_key
@@ -181,16 +182,24 @@ class OptimizedFunction(SettledDispatch, WrappedStep):
 
     def _record_first_call(self, call: CallArguments, first_call_s: float) -> JaxSignatureRecord:
         """The record of a signature whose first call, the original's, has
-        just run in `first_call_s` (`_first_in_background`)."""
-        lowered = None
+        just run in `first_call_s` (`_first_in_background`). Where the plan
+        cache records, for this traced step, that the original ran fastest here,
+        that is final at once: nothing is captured, built or timed."""
+        recorded = None
         if process_count() == 1:
             try:  # after the original: the step is traced by then
-                lowered = recorded_choice(self, call)
+                recorded = recorded_choice(self, call)
             except Exception:  # noqa: BLE001 - then it is found on the second call
-                lowered = None
+                recorded = None
+        if recorded is not None and reuses_original(recorded, self._settings):
+            status = cached_original_status(recorded.measured_s) + donation_note(call)
+            record = JaxSignatureRecord(status, RecordState.ORIGINAL_FASTER)
+            record.plan = recorded.plans.get("plan")
+            record.candidates = {"original": {"chosen": True, "from_cache": True}}
+            return record
         record = JaxSignatureRecord(CALLED_ONCE, RecordState.CALLED_ONCE)
         factor = self._settings.start_after
-        if lowered is None:  # else the second call starts the work
+        if recorded is None:  # else the second call starts the work
             record.first_call = (first_call_s, time.perf_counter())
             if factor > 0 and process_count() == 1:
                 record.status = (

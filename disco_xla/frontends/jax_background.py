@@ -140,7 +140,8 @@ class BackgroundTrial:
         record, problem, executable = JaxSignatureRecord("original"), "", None
         record.plan = choice.plan
         try:
-            if not reuses_original(choice, settings):  # else nothing is built or compiled
+            # A recorded original builds and compiles nothing.
+            if not reuses_original(choice.candidates, settings):
                 executable = lowered.compile()
                 record.kept = kept_arguments(lowered)
                 record.out_tree = lowered.out_tree

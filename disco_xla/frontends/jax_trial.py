@@ -98,10 +98,10 @@ def remember_traced_step(lowered, settings: OptimizeSettings, choice) -> None:
         )
 
 
-def recorded_choice(function: OptimizedFunction, call: CallArguments):
-    """For a first call: the step lowered, when the plan cache holds a measured
-    choice for it (else None, and nothing is lowered when the cache records no
-    traced step at all)."""
+def recorded_choice(function: OptimizedFunction, call: CallArguments) -> CandidateRecord | None:
+    """For a first call: the plan cache's record of the step's candidates, when
+    it holds a measured choice for it (else None, and nothing is lowered when
+    the cache records no traced step at all)."""
     settings = function._settings
     if not settings.use_cache:
         return None
@@ -109,8 +109,8 @@ def recorded_choice(function: OptimizedFunction, call: CallArguments):
     if not cache.has_traced_steps():
         return None
     lowered = function._original.lower(*call.args, **call.kwargs)
-    chosen = cache.traced_step_choice(traced_step_key(lowered, settings))
-    return lowered if chosen is not None else None
+    record = cache.traced_step_record(traced_step_key(lowered, settings))
+    return record if record is not None and record.chosen is not None else None
 
 
 def deleted(leaf) -> bool:

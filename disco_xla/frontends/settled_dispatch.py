@@ -12,7 +12,7 @@ from typing import Any
 import jax
 
 from disco_xla.driver.signature_record import RecordState
-from disco_xla.frontends.jax_trial import CallArguments
+from disco_xla.frontends.jax_trial import CallArguments, deleted
 from disco_xla.runtime.agreement import process_count
 
 REFUSED = object()  # `_call_behind_jax`: the call is the records' to make
@@ -86,6 +86,7 @@ class SettledDispatch:
                 isinstance(leaf, jax.core.Tracer) for leaf in leaves
             ):
                 call = CallArguments(self, args, kwargs, leaves, signature.tree)
+                call.donated = [deleted(leaf) for leaf in leaves]
                 self._by_signature[signature] = self._record_first_call(call, first_call_s)
                 self._unwatched_until = self._settled_until()
         return result

@@ -332,9 +332,11 @@ def test_in_the_background_a_choice_the_plan_cache_recorded_is_not_timed_again(
     """A measured choice in the plan cache (here written into it) is found
     from the traced step on the first call, and the second call starts the
     work, however short the run so far; it is checked and run without timing
-    anything again, and a recorded 'original' runs without building anything."""
+    anything again. A recorded 'original' is final on the first call: nothing
+    is captured, built or timed."""
     import dataclasses
     import sqlite3
+    import threading
 
     from disco_xla.driver.plan_cache import PlanCache
 
@@ -360,7 +362,10 @@ def test_in_the_background_a_choice_the_plan_cache_recorded_is_not_timed_again(
         warnings.simplefilter("error", DiscoFallbackWarning)
         for index, batch in enumerate(batches):
             params = jax.block_until_ready(optimized(params, batch))
-            if index == 1:  # the second call started the work
+            if index == 0 and recorded == "original":
+                assert optimized.status()[0].startswith("original: faster here")
+                assert not any(t.name == "disco-xla" for t in threading.enumerate())
+            if index == 1 and recorded == "plan":  # the second call started the work
                 assert optimized.status() == ["original: optimising in the background"]
                 assert optimized.wait(timeout_s=600)
     _assert_same(plain[0], jax.tree.map(np.asarray, params))
