@@ -105,6 +105,12 @@ class OptimizedFunction(SettledDispatch, WrappedStep):
         self._unwatched_until = self._settled_until()
         return result
 
+    def _dynamic(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A call's arguments less its static ones."""
+        dynamic_args = tuple(a for i, a in enumerate(args) if i not in self._static_positions)
+        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        return dynamic_args, dynamic_kwargs
+
     def _static_values(self, args: tuple, kwargs: dict) -> tuple:
         return tuple(args[i] for i in self._static_positions if i < len(args)) + tuple(
             sorted((k, v) for k, v in kwargs.items() if k in self._static_names)
@@ -254,8 +260,7 @@ class OptimizedFunction(SettledDispatch, WrappedStep):
         return rebuilt, {**dynamic_kwargs, **static_kwargs}
 
     def _signature(self, args: tuple, kwargs: dict):
-        dynamic_args = tuple(a for i, a in enumerate(args) if i not in self._static_positions)
-        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        dynamic_args, dynamic_kwargs = self._dynamic(args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
         static = self._static_values(args, kwargs)
         quick = (tree, tuple(map(quick_leaf_key, leaves)), static)

@@ -41,7 +41,7 @@ class SettledDispatch:
 
     def _call_behind_jax(self, args: tuple, kwargs: dict) -> Any:
         """Call the one signature's program through JAX's dispatch (checked
-        there, in C++, to be that signature), or `_REFUSED`, when the call is of
+        there, in C++, to be that signature), or `REFUSED`, when the call is of
         another signature, or anything else went wrong before it ran: the
         records then take it. Where they take more than one call in eight,
         this way is given up."""
@@ -55,17 +55,20 @@ class SettledDispatch:
             return result
         except Exception:  # noqa: BLE001 - the records' way decides, and says why
             self._refused_calls += 1
-            if 8 * self._refused_calls > self._taken_calls + 64:
+            if self._refused_too_often():
                 self._behind_jax, self._unwatched_until = None, 0.0
             return REFUSED
+
+    def _refused_too_often(self) -> bool:
+        """Whether JAX's dispatch refused more than one call in eight (after 64)."""
+        return 8 * self._refused_calls > self._taken_calls + 64
 
     def _call_with_static(self, program, static: tuple, args: tuple, kwargs: dict) -> Any:
         """`program` (compiled for the static arguments `static`) on a call's
         dynamic arguments, where its static ones are those."""
         if self._static_values(args, kwargs) != static:
             raise TypeError("other static arguments")
-        dynamic_args = tuple(a for i, a in enumerate(args) if i not in self._static_positions)
-        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        dynamic_args, dynamic_kwargs = self._dynamic(args, kwargs)
         return program(*dynamic_args, **dynamic_kwargs)
 
     def _call_unwatched(self, args: tuple, kwargs: dict) -> Any:
@@ -122,7 +125,7 @@ class SettledDispatch:
             elif state not in _RUNS_THE_ORIGINAL or getattr(record, "run", None) is not None:
                 return 0.0
         if programs:  # every other signature's call is refused there, into the records
-            if len(programs) > 1 or 8 * self._refused_calls > self._taken_calls + 64:
+            if len(programs) > 1 or self._refused_too_often():
                 return 0.0
             program, signature = programs[0]
             static = signature.key[2] if self._static_positions or self._static_names else None
