@@ -1,7 +1,7 @@
 """Each plan dimension is one module of `disco_xla.plan`, declared once in
 `plan.DIMENSIONS`, and every layer's table has a row for it: the rewrite's
-passes, the search's steps, the ablation. A dimension added without its rows
-fails here."""
+passes, the simulator's graph steps, the search's steps, the ablation. A
+dimension added without its rows fails here."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from disco_xla.plan import DIMENSIONS, IDENTITY_FIELDS, Plan, dimension_named
 from disco_xla.runtime.apply import REWRITE_PASSES
 from disco_xla.search.ablation import DIMENSIONS as ABLATED
 from disco_xla.search.pipeline import BACKTRACKING, REFINEMENTS, SEARCH_STEPS
+from disco_xla.simulator.graph_steps import GRAPH, GRAPH_STEPS, STAGES, untracked_dimensions
 
 NAMES = [dimension.name for dimension in DIMENSIONS]
 
@@ -37,11 +38,27 @@ def test_each_dimension_comes_after_the_ones_it_names():
 
 @pytest.mark.parametrize(
     "table",
-    [REWRITE_PASSES, SEARCH_STEPS, ABLATED],
-    ids=["rewrite passes", "search steps", "ablation"],
+    [REWRITE_PASSES, GRAPH_STEPS, SEARCH_STEPS, ABLATED],
+    ids=["rewrite passes", "graph steps", "search steps", "ablation"],
 )
 def test_every_layer_has_one_row_per_dimension(table):
     assert sorted(table) == sorted(NAMES)
+
+
+def test_every_graph_step_has_the_hook_of_its_stage():
+    for name, step in GRAPH_STEPS.items():
+        assert step.stage in STAGES, name
+        assert (step.split is not None) == (step.stage == GRAPH), name
+        assert (step.add is not None) == (step.stage != GRAPH), name
+
+
+def test_the_incremental_simulator_follows_the_dimensions_its_rows_say():
+    plan = Plan("m", "f" * 64, fusion_groups=(("a",),), all_reduce_buckets=(("g",),))
+    assert untracked_dimensions(plan) == []
+    chunked = dataclasses.replace(plan, chunked_collectives=(("y", 2),))
+    both = dataclasses.replace(chunked, prefetched_all_gathers=("x",))
+    assert untracked_dimensions(chunked) == ["chunks"]
+    assert untracked_dimensions(both) == ["chunks", "prefetch"]
 
 
 def test_every_search_step_runs():

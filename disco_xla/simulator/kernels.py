@@ -36,18 +36,21 @@ import numpy as np
 from disco_xla.hlo.custom_calls import library_call_kind
 from disco_xla.hlo.flops import computed_instructions
 from disco_xla.hlo.graph import HloModule, Instruction
-from disco_xla.hlo.loops import loop_of_body
-from disco_xla.plan import Plan
-from disco_xla.simulator.chunks import with_chunks
+from disco_xla.plan import DIMENSIONS, Plan
+from disco_xla.simulator.graph_steps import (
+    COMMUNICATION,
+    GRAPH,
+    GRAPH_STEPS,
+    KERNELS,
+    CommunicationTasks,
+    GraphParts,
+)
 from disco_xla.simulator.module_index import ModuleIndex, module_index
 from disco_xla.simulator.plan_kernels import (
-    CollectiveInfo,
     bucket_waits,
     kernel_order,
     module_collectives,
     order_priorities,
-    other_tasks,
-    plan_kernels,
 )
 
 # The roofline class of each kind of library call: what bounds it.
@@ -332,27 +335,25 @@ def build_task_graph(
     rewrite makes), or, with `tuple_buckets`, as a tuple all-reduce (what XLA's
     own combiner makes). An all-reduce instruction of tuple shape, as in a module
     XLA compiled, is always a tuple all-reduce. With `collectives_block_compute`
-    the compute stream waits for each collective (`TaskGraph`)."""
-    index = module_index(module)
-    plan_kernel_parts = plan_kernels(index, plan.fusion_groups)
+    the compute stream waits for each collective (`TaskGraph`). Each plan
+    dimension adds its part through its row of `graph_steps.GRAPH_STEPS`."""
+    parts = GraphParts(module, module_index(module), plan, tuple_buckets)
+    _run_stage(parts, KERNELS)
+    index, plan_kernel_parts = parts.index, parts.kernels
     instances = plan_kernel_parts.instances
     kernel_count = len(instances)
     task_of_atom = dict(plan_kernel_parts.kernel_of_atom)
-    comms = _CommunicationTasks(index, kernel_count, task_of_atom)
-    for bucket in plan.all_reduce_buckets:
-        comms.add_bucket(bucket, tuple_buckets)
+    comms = parts.communication = CommunicationTasks(index, kernel_count, task_of_atom)
+    _run_stage(parts, COMMUNICATION)
     collectives = module_collectives(index)
-    others = other_tasks(index, plan.all_gather_buckets)
-    for atoms, info in zip(others.atoms, others.info, strict=True):
-        comms.add_other(atoms, info)
-    if plan.prefetched_all_gathers:
-        comms.issue_ahead(set(plan.prefetched_all_gathers))
     dependencies = _task_dependencies(index, task_of_atom, kernel_count + len(comms.communications))
     for later, first in comms.later_trips_of.items():
         dependencies[later] = set(dependencies[first])
     order = kernel_order(
         order_priorities(plan_kernel_parts, len(plan.fusion_groups)),
-        bucket_waits(plan_kernel_parts, plan.all_reduce_buckets, collectives.gradient_info, others),
+        bucket_waits(
+            plan_kernel_parts, plan.all_reduce_buckets, collectives.gradient_info, parts.others
+        ),
     )
     kernels, kernel_runs = [], []
     for old in order:
@@ -373,9 +374,20 @@ def build_task_graph(
         comms.kinds,
         comms.groups,
     )
-    if plan.chunked_collectives:
-        graph = with_chunks(graph, module, plan.chunked_collectives)
+    for dimension in DIMENSIONS:
+        step = GRAPH_STEPS[dimension.name]
+        if step.stage == GRAPH:
+            graph = step.split(graph, parts)
     return graph
+
+
+def _run_stage(parts: GraphParts, stage: str) -> None:
+    """Each dimension's step of `stage` (`graph_steps.GRAPH_STEPS`), in
+    `plan.DIMENSIONS` order."""
+    for dimension in DIMENSIONS:
+        step = GRAPH_STEPS[dimension.name]
+        if step.stage == stage:
+            step.add(parts)
 
 
 def _in_kernel_order(dependencies: list[set[int]], order: list[int], kernels: int) -> list:
@@ -385,88 +397,6 @@ def _in_kernel_order(dependencies: list[set[int]], order: list[int], kernels: in
     renumber.update({t: t for t in range(kernels, len(dependencies))})
     tasks = [*order, *range(kernels, len(dependencies))]
     return [sorted(renumber[d] for d in dependencies[t]) for t in tasks]
-
-
-class _CommunicationTasks:
-    """The communication tasks of a task graph, numbered from `kernel_count` on:
-    the plan's buckets in order, then every other collective in atom order
-    (`plan_kernels.module_collectives`). `task_of_atom` gets the task of each
-    collective atom."""
-
-    def __init__(self, index: ModuleIndex, kernel_count: int, task_of_atom: dict[int, int]):
-        self.index, self.kernel_count, self.task_of_atom = index, kernel_count, task_of_atom
-        self.gradient_info = module_collectives(index).gradient_info
-        self.communications: list[tuple[str, int, tuple[str, ...]]] = []
-        self.is_bucket: list[bool] = []
-        self.tuple_element_bytes: list[tuple[int, ...]] = []
-        self.runs: list[int] = []
-        self.kinds: list[str] = []
-        self.groups: list[tuple[tuple[int, ...], int]] = []
-        self.later_trips_of: dict[int, int] = {}  # `issue_ahead`: task -> its first trip
-
-    def add_bucket(self, bucket: tuple[str, ...], tuple_buckets: bool) -> None:
-        task = self.kernel_count + len(self.communications)
-        infos = [self.gradient_info[name] for name in bucket]
-        for info in infos:
-            for atom in info.atoms:
-                self.task_of_atom[atom] = task
-        label = bucket[0] if len(bucket) == 1 else f"bucket[{bucket[0]}..{bucket[-1]}]"
-        self.communications.append((label, sum(info.size for info in infos), tuple(bucket)))
-        self.runs.append(infos[0].runs)  # a bucket's gradients share their computation
-        self.kinds.append(infos[0].kind)  # one kind a bucket
-        self.groups.append((infos[0].group, infos[0].devices))  # and one device group
-        self.is_bucket.append(True)
-        if len(bucket) == 1:
-            self.tuple_element_bytes.append(infos[0].elements)
-        elif tuple_buckets:
-            by_name = self.index.by_name
-            elements = [leaf.bytes for n in bucket for leaf in by_name[n].shape.leaves()]
-            self.tuple_element_bytes.append(tuple(elements))
-        else:
-            self.tuple_element_bytes.append(())
-
-    def add_other(self, atoms: tuple[int, ...], info: CollectiveInfo) -> None:
-        """One task of `plan_kernels.other_tasks`: a collective, or a bucket of
-        all-gathers (in one instance of their computation)."""
-        for atom in atoms:
-            self.task_of_atom[atom] = self.kernel_count + len(self.communications)
-        names = tuple(self.index.atoms[atom][0].name for atom in atoms)
-        key = self.index.atoms[atoms[0]][1]
-        label = names[0] if len(names) == 1 else f"bucket[{names[0]}..{names[-1]}]"
-        label += f"@{key[-1]}" if key else ""
-        self.communications.append((label, info.size, names))
-        self.runs.append(info.runs)
-        self.kinds.append(info.kind)
-        self.groups.append((info.group, info.devices))
-        self.is_bucket.append(False)
-        self.tuple_element_bytes.append(info.elements)
-
-    def issue_ahead(self, prefetched: set[str]) -> None:
-        """Model the prefetched all-gathers (`Plan.prefetched_all_gathers`) of a
-        loop body. Their loop's trips run as one task each (`TaskGraph`), so a
-        prefetched one becomes two: its first trip, which its readers wait for,
-        and its later trips, which no kernel waits for. Each later trip's
-        gather runs during the trip before, beside its kernels: they never wait
-        for it, and it still takes its time on its stream."""
-        for number in range(len(self.communications)):
-            name, size, names = self.communications[number]
-            if self.is_bucket[number] or not names or not set(names) <= prefetched:
-                continue
-            loop = loop_of_body(self.index.by_name[names[0]].computation)
-            runs = self.runs[number]
-            first_runs = max(1, runs // loop.trips) if loop is not None else runs
-            if first_runs >= runs:
-                continue
-            self.runs[number] = first_runs
-            self.later_trips_of[self.kernel_count + len(self.communications)] = (
-                self.kernel_count + number
-            )
-            self.communications.append((f"{name}.later_trips", size, names))
-            self.runs.append(runs - first_runs)
-            self.kinds.append(self.kinds[number])
-            self.groups.append(self.groups[number])
-            self.is_bucket.append(False)
-            self.tuple_element_bytes.append(self.tuple_element_bytes[number])
 
 
 def _task_dependencies(

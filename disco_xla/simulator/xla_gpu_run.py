@@ -12,7 +12,7 @@ compiler does to the collectives of any program it is given
 - **Its collective pipeliner**, where the flags turn it on for a kind
   (`XlaGpuRun.pipelined`): a loop body's collective that XLA sinks into the
   next trip becomes two tasks, as a prefetched all-gather does
-  (`kernels._CommunicationTasks.issue_ahead`): one trip that its readers wait
+  (`graph_steps.CommunicationTasks.issue_ahead`): one trip that its readers wait
   for, and the other trips, which run beside the next trips' kernels and
   which no kernel waits for.
 """

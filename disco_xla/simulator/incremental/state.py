@@ -14,6 +14,7 @@ from disco_xla.plan import Plan, buckets_follow_dependencies
 from disco_xla.simulator.comm import CommCostFn, all_reduce_s
 from disco_xla.simulator.cost_models import CostModel
 from disco_xla.simulator.events import PS_PER_S, communication_ps, simulate, to_ps
+from disco_xla.simulator.graph_steps import untracked_dimensions
 from disco_xla.simulator.incremental.costs import (
     GroupCosts,
     bucket_kinds_of,
@@ -147,13 +148,10 @@ class PlanState(KernelMoves):
         # are then simulated in full. Elsewhere the two orders are the same.
         # All-gather buckets whose readers would run before another member's
         # producer reorder the kernels the same way, for every neighbour.
-        # Prefetched all-gathers and chunked collectives split into tasks this
-        # state does not track.
-        self.full_only = (
-            bool(plan.prefetched_all_gathers)
-            or bool(plan.chunked_collectives)
-            or self._ordered_by_all_gather_buckets()
-        )
+        # The dimensions whose row in `graph_steps.GRAPH_STEPS` is not
+        # `incremental` (prefetches and chunks) split into tasks this state does
+        # not track.
+        self.full_only = bool(untracked_dimensions(plan)) or self._ordered_by_all_gather_buckets()
         try:
             self.iteration_ps = self._simulated_ps(plan) if self.full_only else self._iteration_ps()
         except RuntimeError:
