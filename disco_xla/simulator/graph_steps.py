@@ -192,3 +192,13 @@ GRAPH_STEPS: dict[str, GraphStep] = {
     "chunks": GraphStep(GRAPH, split=_split_into_chunks, incremental=False),
     "prefetch": GraphStep(COMMUNICATION, add=_issue_prefetches_ahead, incremental=False),
 }
+
+# Each stage's rows, in `plan.DIMENSIONS` order: what `build_task_graph` runs.
+STEPS_BY_STAGE: dict[str, tuple[GraphStep, ...]] = {
+    stage: tuple(
+        GRAPH_STEPS[d.name]
+        for d in DIMENSIONS
+        if d.name in GRAPH_STEPS and GRAPH_STEPS[d.name].stage == stage
+    )
+    for stage in STAGES
+}

@@ -36,12 +36,12 @@ import numpy as np
 from disco_xla.hlo.custom_calls import library_call_kind
 from disco_xla.hlo.flops import computed_instructions
 from disco_xla.hlo.graph import HloModule, Instruction
-from disco_xla.plan import DIMENSIONS, Plan
+from disco_xla.plan import Plan
 from disco_xla.simulator.graph_steps import (
     COMMUNICATION,
     GRAPH,
-    GRAPH_STEPS,
     KERNELS,
+    STEPS_BY_STAGE,
     CommunicationTasks,
     GraphParts,
 )
@@ -374,20 +374,15 @@ def build_task_graph(
         comms.kinds,
         comms.groups,
     )
-    for dimension in DIMENSIONS:
-        step = GRAPH_STEPS[dimension.name]
-        if step.stage == GRAPH:
-            graph = step.split(graph, parts)
+    for step in STEPS_BY_STAGE[GRAPH]:
+        graph = step.split(graph, parts)
     return graph
 
 
 def _run_stage(parts: GraphParts, stage: str) -> None:
-    """Each dimension's step of `stage` (`graph_steps.GRAPH_STEPS`), in
-    `plan.DIMENSIONS` order."""
-    for dimension in DIMENSIONS:
-        step = GRAPH_STEPS[dimension.name]
-        if step.stage == stage:
-            step.add(parts)
+    """Each dimension's step of `stage` (`graph_steps.STEPS_BY_STAGE`)."""
+    for step in STEPS_BY_STAGE[stage]:
+        step.add(parts)
 
 
 def _in_kernel_order(dependencies: list[set[int]], order: list[int], kernels: int) -> list:
